@@ -1,0 +1,20 @@
+//! C ABI mirrors shared by every crate of criu-cuda.
+//!
+//! * [`criu`]: CRIU's plugin descriptor (`cr_plugin_desc_t`), hook numbers and stages.
+//! * [`cuda`]: the CUDA driver types used by the process-checkpoint API (`CUresult`,
+//!   `CUprocessState`, `CUuuid`, the four argument structs and `CUcheckpointGpuPair`).
+//! * [`uuid`]: the text form of a GPU UUID (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+//!
+//! Every `#[repr(C)]` type carries compile-time assertions of its size, alignment and field
+//! offsets, so a layout drift is a build failure rather than memory corruption at run time.
+//! Declarations follow the published API descriptions; no vendor header is copied.
+
+pub mod criu;
+pub mod cuda;
+pub mod uuid;
+
+pub use cuda::{
+    CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
+    CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid,
+};
+pub use uuid::{GpuUuid, UuidParseError};

@@ -1,0 +1,1 @@
+//! The CRIU plugin-engine emulation and scenario runner (built out in the harness issue).
