@@ -1,1 +1,132 @@
-fn main() {}
+//! `mock-world`: creates and inspects mock CUDA worlds.
+//!
+//! ```text
+//! mock-world init DIR --config world.toml [--lib libmock_libcuda.so]
+//! mock-world status DIR [--json]
+//! mock-world trace DIR
+//! mock-world check CONFIG
+//! ```
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use mock_libcuda::world::config::WorldConfig;
+use mock_libcuda::world::World;
+use std::path::{Path, PathBuf};
+
+#[derive(Parser, Debug)]
+#[command(name = "mock-world", about = "Create and inspect mock CUDA worlds")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Create (or reset) a world: config, fresh state and trace, and lib/libcuda.so.1.
+    Init {
+        dir: PathBuf,
+        /// The world's config (world.toml format).
+        #[arg(long)]
+        config: PathBuf,
+        /// The built mock library (default: $MOCK_LIBCUDA_SO, else libmock_libcuda.so next to
+        /// this program).
+        #[arg(long)]
+        lib: Option<PathBuf>,
+    },
+    /// Print the CUDA processes of a world.
+    Status {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a world's call trace.
+    Trace { dir: PathBuf },
+    /// Validate a config file.
+    Check { config: PathBuf },
+}
+
+fn default_lib() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MOCK_LIBCUDA_SO") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating mock-world")?;
+    let dir = exe.parent().context("mock-world has no directory")?;
+    // `cargo test` refreshes deps/ but not the copy next to the binaries: take the newest.
+    let newest = [
+        dir.join("libmock_libcuda.so"),
+        dir.join("deps").join("libmock_libcuda.so"),
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max();
+    if let Some((_, p)) = newest {
+        return Ok(p);
+    }
+    bail!("cannot find libmock_libcuda.so next to {} (build the mock-libcuda crate, or pass --lib / set MOCK_LIBCUDA_SO)", exe.display())
+}
+
+fn read_config(path: &Path) -> Result<WorldConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(WorldConfig::parse(&text, &path.display().to_string())?)
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Init { dir, config, lib } => {
+            let cfg = read_config(&config)?;
+            let lib = match lib {
+                Some(l) => l,
+                None => default_lib()?,
+            };
+            let w = World::create(&dir, &cfg, &lib)?;
+            println!(
+                "world {}: driver r{} ({}), cuDriverGetVersion {}, {} GPU(s), {} fault(s)",
+                w.dir().display(),
+                cfg.driver.branch,
+                cfg.driver.version_string(),
+                cfg.driver.cuda_version(),
+                cfg.gpus.len(),
+                cfg.faults.len()
+            );
+        }
+        Cmd::Status { dir, json } => {
+            let w = World::open(&dir)?;
+            let st = w.read_state()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                println!(
+                    "{:>8} {:>8} {:<13} {:>7} {:>12}  gpus",
+                    "pid", "tid", "state", "allocs", "bytes"
+                );
+                for (pid, e) in &st.processes {
+                    let bytes: u64 = e.allocations.iter().map(|a| a.size).sum();
+                    let gpus: Vec<String> = e.contexts.iter().map(|g| g.0.to_string()).collect();
+                    println!(
+                        "{pid:>8} {:>8} {:<13} {:>7} {bytes:>12}  {}",
+                        e.restore_tid,
+                        e.state().to_string(),
+                        e.allocations.len(),
+                        gpus.join(",")
+                    );
+                }
+            }
+        }
+        Cmd::Trace { dir } => {
+            let w = World::open(&dir)?;
+            print!("{}", w.read_trace());
+        }
+        Cmd::Check { config } => {
+            let cfg = read_config(&config)?;
+            println!(
+                "{}: ok (driver r{}, {} GPU(s), {} fault(s))",
+                config.display(),
+                cfg.driver.branch,
+                cfg.gpus.len(),
+                cfg.faults.len()
+            );
+        }
+    }
+    Ok(())
+}

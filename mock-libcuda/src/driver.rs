@@ -1,0 +1,824 @@
+//! The driver, in safe Rust: every exported entry point's behaviour, returning `CUresult` on
+//! failure. [`crate::ffi::exports`] only converts pointers and calls in here.
+//!
+//! Checkpoint calls made by *another* process (CRIU with the plugin, the `cuda-checkpoint`
+//! utility) or by the target itself are sent to the target's restore thread through its
+//! mailbox in the world (see [`crate::target`]) and answered from there.
+
+use crate::target::{self, Op, Request, Response};
+use crate::world::config::{FaultAction, GpuUuidText};
+use crate::world::state::Allocation;
+use crate::world::{World, WorldError};
+use abi::{CUprocessState, CUresult, GpuUuid};
+use std::cell::Cell;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// First device address; allocation `id` lives at `DEVPTR_BASE + (id << 32)`.
+pub const DEVPTR_BASE: u64 = 0x7000_0000_0000;
+/// Largest single allocation (the address encoding leaves 32 bits of offset).
+pub const MAX_ALLOC: u64 = 1 << 32;
+/// Grace a caller adds to a lock's own `timeoutMs` before it stops waiting for the target.
+const LOCK_GRACE: Duration = Duration::from_millis(250);
+
+type R<T> = Result<T, CUresult>;
+
+struct Local {
+    initialized: bool,
+    /// Host indices this process sees, in ordinal order (from `CUDA_VISIBLE_DEVICES`).
+    visible: Vec<GpuUuid>,
+}
+
+static LOCAL: Mutex<Local> = Mutex::new(Local {
+    initialized: false,
+    visible: Vec::new(),
+});
+
+thread_local! {
+    /// The calling thread's current context: a device ordinal.
+    static CURRENT: Cell<Option<i32>> = const { Cell::new(None) };
+}
+
+fn local() -> std::sync::MutexGuard<'static, Local> {
+    LOCAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The world, or `CUDA_ERROR_NOT_INITIALIZED` (with the reason on stderr, once).
+pub fn world() -> R<Arc<World>> {
+    World::from_env().map_err(|e| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("mock-libcuda: {e}"));
+        CUresult::ERROR_NOT_INITIALIZED
+    })
+}
+
+fn os_err(_: WorldError) -> CUresult {
+    CUresult::ERROR_OPERATING_SYSTEM
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults and tracing
+
+/// Runs `op` for the call `function` under the world's faults, and traces the outcome.
+pub fn call<T>(
+    world: &World,
+    function: &str,
+    target: Option<i32>,
+    args: &dyn Fn() -> String,
+    op: impl FnOnce() -> R<T>,
+) -> R<T> {
+    let fault = match world.fault_for(&[function], target) {
+        Ok(f) => f,
+        Err(_) => {
+            return trace_result(world, function, args, Err(CUresult::ERROR_OPERATING_SYSTEM))
+        }
+    };
+    let result = match fault {
+        None => op(),
+        Some(action) => apply_fault(world, &action, target, op),
+    };
+    trace_result(world, function, args, result)
+}
+
+fn trace_result<T>(world: &World, function: &str, args: &dyn Fn() -> String, r: R<T>) -> R<T> {
+    let code = match &r {
+        Ok(_) => CUresult::SUCCESS,
+        Err(c) => *c,
+    };
+    world.trace(function, &args(), &code.to_string());
+    r
+}
+
+/// Carries a fault's action out around `op`.
+pub fn apply_fault<T>(
+    world: &World,
+    action: &FaultAction,
+    target: Option<i32>,
+    op: impl FnOnce() -> R<T>,
+) -> R<T> {
+    match action {
+        FaultAction::Return { code } => Err(code.0),
+        FaultAction::ErrorAfter { code } => {
+            let _ = op();
+            Err(code.0)
+        }
+        FaultAction::Fail { code } => {
+            if let Some(pid) = target {
+                let _ = send(world, pid, Op::Fail, request_deadline(world));
+                let _ = world.update(|st| {
+                    if let Some(e) = st.processes.get_mut(&pid) {
+                        e.state = CUprocessState::FAILED.0;
+                    }
+                });
+            }
+            Err(code.0)
+        }
+        FaultAction::Delay { ms } => {
+            std::thread::sleep(Duration::from_millis(*ms));
+            op()
+        }
+        FaultAction::Hang { file } => {
+            hang(world, file.as_deref());
+            op()
+        }
+        FaultAction::Crash { signal } => crate::ffi::sys::crash(signal.as_deref()),
+        FaultAction::KillTarget => {
+            if let Some(pid) = target {
+                crate::ffi::sys::kill_and_wait(pid, Duration::from_secs(5));
+            }
+            op()
+        }
+        FaultAction::Garbage { .. } => Err(CUresult::ERROR_UNKNOWN),
+    }
+}
+
+/// Blocks until `file` (relative to the world) exists, or forever without one.
+pub fn hang(world: &World, file: Option<&str>) {
+    loop {
+        if let Some(f) = file {
+            if world.dir().join(f).exists() {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Initialisation and devices
+
+/// `cuInit`.
+pub fn init(flags: u32) -> R<()> {
+    let w = world()?;
+    call(&w, "cuInit", None, &|| format!("flags={flags}"), || {
+        if flags != 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let host: Vec<GpuUuid> = w.config().gpus.iter().map(|g| g.uuid.0).collect();
+        let env = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let visible: Vec<GpuUuid> = crate::visible::visible_indices(env.as_deref(), &host)
+            .into_iter()
+            .map(|i| host[i])
+            .collect();
+        if visible.is_empty() {
+            return Err(CUresult::ERROR_NO_DEVICE);
+        }
+        let mut l = local();
+        l.visible = visible;
+        l.initialized = true;
+        Ok(())
+    })
+}
+
+/// `cuDriverGetVersion` (works without `cuInit`, as the real driver's does).
+pub fn driver_version() -> R<i32> {
+    let w = world()?;
+    let v = w.config().driver.cuda_version();
+    call(&w, "cuDriverGetVersion", None, &String::new, || Ok(v))
+}
+
+/// The calling process's device table: the world's record for a CUDA process (remapped by
+/// restores), else the view computed by `cuInit`.
+fn devices(w: &World) -> R<Vec<GpuUuid>> {
+    let l = local();
+    if !l.initialized {
+        return Err(CUresult::ERROR_NOT_INITIALIZED);
+    }
+    if target::runtime().is_some() {
+        let pid = std::process::id() as i32;
+        if let Some(e) = w.read_state().map_err(os_err)?.processes.get(&pid) {
+            return Ok(e.devices.iter().map(|d| d.0).collect());
+        }
+    }
+    Ok(l.visible.clone())
+}
+
+fn device_uuid_of(w: &World, dev: i32) -> R<GpuUuid> {
+    let d = devices(w)?;
+    usize::try_from(dev)
+        .ok()
+        .and_then(|i| d.get(i).copied())
+        .ok_or(CUresult::ERROR_INVALID_DEVICE)
+}
+
+/// `cuDeviceGetCount`.
+pub fn device_count() -> R<i32> {
+    let w = world()?;
+    call(&w, "cuDeviceGetCount", None, &String::new, || {
+        Ok(devices(&w)?.len() as i32)
+    })
+}
+
+/// `cuDeviceGet`.
+pub fn device_get(ordinal: i32) -> R<i32> {
+    let w = world()?;
+    call(
+        &w,
+        "cuDeviceGet",
+        None,
+        &|| format!("ordinal={ordinal}"),
+        || {
+            device_uuid_of(&w, ordinal)?;
+            Ok(ordinal)
+        },
+    )
+}
+
+/// `cuDeviceGetUuid` / `cuDeviceGetUuid_v2` (no MIG in this mock: both give the GPU's UUID).
+pub fn device_uuid(function: &str, dev: i32) -> R<GpuUuid> {
+    let w = world()?;
+    call(&w, function, None, &|| format!("dev={dev}"), || {
+        device_uuid_of(&w, dev)
+    })
+}
+
+/// `cuDeviceGetName`.
+pub fn device_name(dev: i32) -> R<String> {
+    let w = world()?;
+    call(
+        &w,
+        "cuDeviceGetName",
+        None,
+        &|| format!("dev={dev}"),
+        || {
+            let u = device_uuid_of(&w, dev)?;
+            Ok(w.config()
+                .gpus
+                .iter()
+                .find(|g| g.uuid.0 == u)
+                .map(|g| g.name.clone())
+                .unwrap_or_default())
+        },
+    )
+}
+
+/// `cuDeviceTotalMem`.
+pub fn device_total_mem(dev: i32) -> R<u64> {
+    let w = world()?;
+    call(
+        &w,
+        "cuDeviceTotalMem",
+        None,
+        &|| format!("dev={dev}"),
+        || {
+            let u = device_uuid_of(&w, dev)?;
+            Ok(w.config()
+                .gpus
+                .iter()
+                .find(|g| g.uuid.0 == u)
+                .map_or(0, |g| g.memory_mib * 1024 * 1024))
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contexts and the data path (the calls a workload makes)
+
+fn data_call<T>(
+    w: &World,
+    function: &str,
+    args: &dyn Fn() -> String,
+    op: impl FnOnce() -> R<T>,
+) -> R<T> {
+    if w.config().trace_data_path || !w.config().faults.is_empty() {
+        call(w, function, None, args, op)
+    } else {
+        op()
+    }
+}
+
+/// A workload call that needs a context: enters the API gate first (blocking while the process
+/// is locked or checkpointed), then runs under faults and tracing, so a scripted delay is work
+/// in flight that a lock has to wait for.
+fn gated<T>(
+    w: &World,
+    function: &str,
+    args: &dyn Fn() -> String,
+    op: impl FnOnce() -> R<T>,
+) -> R<T> {
+    let rt = target::runtime().ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+    let _in = rt.enter()?;
+    data_call(w, function, args, op)
+}
+
+/// `cuCtxCreate` / `cuDevicePrimaryCtxRetain`: makes the process a CUDA process and sets the
+/// calling thread's current context. Returns the context handle (ordinal + 1).
+pub fn ctx_create(function: &str, dev: i32) -> R<usize> {
+    let w = world()?;
+    data_call(&w, function, &|| format!("dev={dev}"), || {
+        let uuid = device_uuid_of(&w, dev)?;
+        let table = devices(&w)?;
+        let rt = target::ensure_registered(&w, &table)?;
+        let _in = rt.enter()?;
+        let pid = std::process::id() as i32;
+        w.update(|st| {
+            if let Some(e) = st.processes.get_mut(&pid) {
+                if !e.contexts.iter().any(|c| c.0 == uuid) {
+                    e.contexts.push(GpuUuidText(uuid));
+                }
+            }
+        })
+        .map_err(os_err)?;
+        CURRENT.with(|c| c.set(Some(dev)));
+        Ok(dev as usize + 1)
+    })
+}
+
+/// `cuCtxSetCurrent`.
+pub fn ctx_set_current(ctx: usize) -> R<()> {
+    let dev = if ctx == 0 { None } else { Some(ctx as i32 - 1) };
+    CURRENT.with(|c| c.set(dev));
+    Ok(())
+}
+
+/// `cuCtxGetCurrent`.
+#[must_use]
+pub fn ctx_get_current() -> usize {
+    CURRENT.with(|c| c.get()).map_or(0, |d| d as usize + 1)
+}
+
+/// `cuCtxGetDevice`.
+pub fn ctx_get_device() -> R<i32> {
+    CURRENT
+        .with(|c| c.get())
+        .ok_or(CUresult::ERROR_INVALID_CONTEXT)
+}
+
+/// `cuCtxSynchronize`: waits (through the gate) while the process is locked.
+pub fn ctx_synchronize() -> R<()> {
+    let w = world()?;
+    gated(&w, "cuCtxSynchronize", &String::new, || Ok(()))
+}
+
+fn current_gpu(w: &World) -> R<GpuUuid> {
+    let dev = ctx_get_device()?;
+    device_uuid_of(w, dev)
+}
+
+/// `cuMemAlloc`.
+pub fn mem_alloc(size: u64) -> R<u64> {
+    let w = world()?;
+    gated(&w, "cuMemAlloc", &|| format!("bytes={size}"), || {
+        if size == 0 || size > MAX_ALLOC {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let gpu = current_gpu(&w)?;
+        let capacity = w
+            .config()
+            .gpus
+            .iter()
+            .find(|g| g.uuid.0 == gpu)
+            .map_or(0, |g| g.memory_mib * 1024 * 1024);
+        let pid = std::process::id() as i32;
+        let id = w
+            .update(|st| {
+                let used: u64 = st
+                    .processes
+                    .values()
+                    .filter(|e| {
+                        matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
+                    })
+                    .flat_map(|e| e.allocations.iter())
+                    .filter(|a| a.gpu.0 == gpu)
+                    .map(|a| a.size)
+                    .sum();
+                if used + size > capacity {
+                    return Err(CUresult::ERROR_OUT_OF_MEMORY);
+                }
+                let id = st.next_alloc;
+                st.next_alloc += 1;
+                let e = st
+                    .processes
+                    .get_mut(&pid)
+                    .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+                e.allocations.push(Allocation {
+                    id,
+                    size,
+                    gpu: GpuUuidText(gpu),
+                });
+                Ok(id)
+            })
+            .map_err(os_err)??;
+        let f = std::fs::File::create(w.devmem_path(pid, id))
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        f.set_len(size)
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        Ok(DEVPTR_BASE + (id << 32))
+    })
+}
+
+/// Splits a device address into (allocation, offset), checking `len` bytes fit.
+fn locate(w: &World, dptr: u64, len: u64) -> R<(Allocation, u64)> {
+    if dptr < DEVPTR_BASE {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let id = (dptr - DEVPTR_BASE) >> 32;
+    let off = dptr & (MAX_ALLOC - 1);
+    let pid = std::process::id() as i32;
+    let st = w.read_state().map_err(os_err)?;
+    let a = st
+        .processes
+        .get(&pid)
+        .and_then(|e| e.allocations.iter().find(|a| a.id == id))
+        .cloned()
+        .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+    if off.checked_add(len).is_none_or(|end| end > a.size) {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    Ok((a, off))
+}
+
+/// `cuMemFree`.
+pub fn mem_free(dptr: u64) -> R<()> {
+    let w = world()?;
+    gated(&w, "cuMemFree", &|| format!("dptr={dptr:#x}"), || {
+        let (a, off) = locate(&w, dptr, 0)?;
+        if off != 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let pid = std::process::id() as i32;
+        w.update(|st| {
+            if let Some(e) = st.processes.get_mut(&pid) {
+                e.allocations.retain(|x| x.id != a.id);
+            }
+        })
+        .map_err(os_err)?;
+        let _ = std::fs::remove_file(w.devmem_path(pid, a.id));
+        Ok(())
+    })
+}
+
+fn devmem_io(w: &World, a: &Allocation) -> R<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(w.devmem_path(std::process::id() as i32, a.id))
+        .map_err(|_| CUresult::ERROR_ILLEGAL_ADDRESS)
+}
+
+fn write_dev(w: &World, dptr: u64, src: &[u8]) -> R<()> {
+    use std::os::unix::fs::FileExt;
+    let (a, off) = locate(w, dptr, src.len() as u64)?;
+    devmem_io(w, &a)?
+        .write_all_at(src, off)
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)
+}
+
+fn read_dev(w: &World, dst: &mut [u8], dptr: u64) -> R<()> {
+    use std::os::unix::fs::FileExt;
+    let (a, off) = locate(w, dptr, dst.len() as u64)?;
+    devmem_io(w, &a)?
+        .read_exact_at(dst, off)
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)
+}
+
+/// `cuMemcpyHtoD`.
+pub fn memcpy_htod(dptr: u64, src: &[u8]) -> R<()> {
+    let w = world()?;
+    gated(
+        &w,
+        "cuMemcpyHtoD",
+        &|| format!("dptr={dptr:#x}, bytes={}", src.len()),
+        || write_dev(&w, dptr, src),
+    )
+}
+
+/// `cuMemcpyDtoH`.
+pub fn memcpy_dtoh(dst: &mut [u8], dptr: u64) -> R<()> {
+    let w = world()?;
+    let len = dst.len();
+    gated(
+        &w,
+        "cuMemcpyDtoH",
+        &|| format!("dptr={dptr:#x}, bytes={len}"),
+        || read_dev(&w, dst, dptr),
+    )
+}
+
+/// `cuMemcpyDtoD`.
+pub fn memcpy_dtod(dst: u64, src: u64, len: u64) -> R<()> {
+    let w = world()?;
+    gated(
+        &w,
+        "cuMemcpyDtoD",
+        &|| format!("dst={dst:#x}, src={src:#x}, bytes={len}"),
+        || {
+            let mut buf =
+                vec![0u8; usize::try_from(len).map_err(|_| CUresult::ERROR_INVALID_VALUE)?];
+            read_dev(&w, &mut buf, src)?;
+            write_dev(&w, dst, &buf)
+        },
+    )
+}
+
+/// `cuMemsetD8`.
+pub fn memset_d8(dptr: u64, value: u8, n: u64) -> R<()> {
+    let w = world()?;
+    gated(
+        &w,
+        "cuMemsetD8",
+        &|| format!("dptr={dptr:#x}, value={value}, count={n}"),
+        || {
+            let buf = vec![value; usize::try_from(n).map_err(|_| CUresult::ERROR_INVALID_VALUE)?];
+            write_dev(&w, dptr, &buf)
+        },
+    )
+}
+
+/// `cuMemGetInfo`: (free, total) of the current context's GPU.
+pub fn mem_get_info() -> R<(u64, u64)> {
+    let w = world()?;
+    let gpu = current_gpu(&w)?;
+    let total = w
+        .config()
+        .gpus
+        .iter()
+        .find(|g| g.uuid.0 == gpu)
+        .map_or(0, |g| g.memory_mib * 1024 * 1024);
+    let used: u64 = w
+        .read_state()
+        .map_err(os_err)?
+        .processes
+        .values()
+        .filter(|e| matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED))
+        .flat_map(|e| e.allocations.iter())
+        .filter(|a| a.gpu.0 == gpu)
+        .map(|a| a.size)
+        .sum();
+    Ok((total.saturating_sub(used), total))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checkpoint API
+
+/// The process a pid or tid belongs to, if it exists.
+fn resolve_target(pid: i32) -> R<i32> {
+    if pid <= 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    crate::ffi::sys::tgid_of(pid).ok_or(CUresult::ERROR_INVALID_VALUE)
+}
+
+/// The world's entry for a live CUDA process, dropping entries of processes that are gone
+/// (a process that dies without a checkpoint releases its GPU state, as with the driver).
+fn lookup(w: &World, tgid: i32) -> R<crate::world::state::ProcessEntry> {
+    let alive_start = crate::ffi::sys::start_time(tgid);
+    let entry = w
+        .update(|st| {
+            let e = st.processes.get(&tgid)?;
+            let stale =
+                e.state() != CUprocessState::CHECKPOINTED && alive_start != Some(e.start_time);
+            if stale {
+                let gone = st.processes.remove(&tgid)?;
+                for a in &gone.allocations {
+                    let _ = std::fs::remove_file(w.devmem_path(tgid, a.id));
+                }
+                return None;
+            }
+            Some(e.clone())
+        })
+        .map_err(os_err)?;
+    entry.ok_or(CUresult::ERROR_INVALID_VALUE)
+}
+
+fn target_args(pid: i32) -> impl Fn() -> String {
+    move || format!("pid={pid}")
+}
+
+/// `cuCheckpointProcessGetRestoreThreadId`.
+pub fn get_restore_tid(pid: i32) -> R<i32> {
+    let w = world()?;
+    let tgid = resolve_target(pid).ok();
+    call(
+        &w,
+        "cuCheckpointProcessGetRestoreThreadId",
+        tgid,
+        &target_args(pid),
+        || {
+            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
+            Ok(lookup(&w, tgid)?.restore_tid)
+        },
+    )
+}
+
+/// `cuCheckpointProcessGetState`.
+pub fn get_state(pid: i32) -> R<CUprocessState> {
+    let w = world()?;
+    let tgid = resolve_target(pid).ok();
+    call(
+        &w,
+        "cuCheckpointProcessGetState",
+        tgid,
+        &target_args(pid),
+        || {
+            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
+            Ok(lookup(&w, tgid)?.state())
+        },
+    )
+}
+
+fn request_deadline(w: &World) -> Instant {
+    Instant::now() + Duration::from_millis(w.config().driver.request_timeout_ms)
+}
+
+/// The state a request needs, checked against the world before anything is sent.
+fn precheck(w: &World, tgid: i32, need: CUprocessState) -> R<()> {
+    let e = lookup(w, tgid)?;
+    if e.state() == need {
+        Ok(())
+    } else {
+        Err(CUresult::ERROR_ILLEGAL_STATE)
+    }
+}
+
+/// `cuCheckpointProcessLock`.
+pub fn lock(pid: i32, timeout_ms: u32) -> R<()> {
+    let w = world()?;
+    let tgid = resolve_target(pid).ok();
+    call(
+        &w,
+        "cuCheckpointProcessLock",
+        tgid,
+        &|| format!("pid={pid}, timeoutMs={timeout_ms}"),
+        || {
+            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
+            precheck(&w, tgid, CUprocessState::RUNNING)?;
+            let (deadline, on_timeout) = if timeout_ms > 0 {
+                (
+                    Instant::now() + Duration::from_millis(u64::from(timeout_ms)) + LOCK_GRACE,
+                    CUresult::ERROR_NOT_READY,
+                )
+            } else {
+                (request_deadline(&w), CUresult::ERROR_TIMEOUT)
+            };
+            send(&w, tgid, Op::Lock { timeout_ms }, deadline).map_err(|e| {
+                if e == CUresult::ERROR_TIMEOUT {
+                    on_timeout
+                } else {
+                    e
+                }
+            })
+        },
+    )
+}
+
+/// `cuCheckpointProcessCheckpoint`.
+pub fn checkpoint(pid: i32) -> R<()> {
+    let w = world()?;
+    let tgid = resolve_target(pid).ok();
+    call(
+        &w,
+        "cuCheckpointProcessCheckpoint",
+        tgid,
+        &target_args(pid),
+        || {
+            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
+            precheck(&w, tgid, CUprocessState::LOCKED)?;
+            send(&w, tgid, Op::Checkpoint, request_deadline(&w))
+        },
+    )
+}
+
+/// Formats restore pairs for the trace.
+fn pairs_arg(pairs: &[(GpuUuid, GpuUuid)]) -> String {
+    let v: Vec<String> = pairs.iter().map(|(o, n)| format!("{o}={n}")).collect();
+    format!("[{}]", v.join(","))
+}
+
+/// `cuCheckpointProcessRestore`. `pairs` are the GPU pairs of the restore arguments (only read
+/// by a CUDA 13.0+ driver; the exports reject them as reserved bytes below that).
+pub fn restore(pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> R<()> {
+    let w = world()?;
+    let tgid = resolve_target(pid).ok();
+    let args = || {
+        if pairs.is_empty() {
+            format!("pid={pid}")
+        } else {
+            format!("pid={pid}, gpuPairs={}", pairs_arg(pairs))
+        }
+    };
+    call(&w, "cuCheckpointProcessRestore", tgid, &args, || {
+        if !local().initialized {
+            return Err(CUresult::ERROR_NOT_INITIALIZED);
+        }
+        let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        precheck(&w, tgid, CUprocessState::CHECKPOINTED)?;
+        let pairs = pairs
+            .iter()
+            .map(|(a, b)| (GpuUuidText(*a), GpuUuidText(*b)))
+            .collect();
+        send(&w, tgid, Op::Restore { pairs }, request_deadline(&w))
+    })
+}
+
+/// `cuCheckpointProcessUnlock`.
+pub fn unlock(pid: i32) -> R<()> {
+    let w = world()?;
+    let tgid = resolve_target(pid).ok();
+    call(
+        &w,
+        "cuCheckpointProcessUnlock",
+        tgid,
+        &target_args(pid),
+        || {
+            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
+            precheck(&w, tgid, CUprocessState::LOCKED)?;
+            send(&w, tgid, Op::Unlock, request_deadline(&w))
+        },
+    )
+}
+
+/// Sends `op` to the restore thread of `tgid` and waits for its answer until `deadline`.
+/// `CUDA_ERROR_TIMEOUT` when the thread does not answer in time (stopped, hung); if the thread
+/// had not picked the request up by then, the request is withdrawn and nothing happens.
+fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
+    let dir = w.mailbox_dir(tgid);
+    if !dir.is_dir() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let _caller = crate::ffi::sys::FileLock::acquire(&dir.join("call.lock"), deadline).map_err(
+        |e| match e {
+            None => CUresult::ERROR_TIMEOUT,
+            Some(_) => CUresult::ERROR_OPERATING_SYSTEM,
+        },
+    )?;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let id = (u64::from(std::process::id()) << 32)
+        | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let req = Request {
+        id,
+        caller: std::process::id(),
+        op,
+    };
+    let req_path = dir.join("req.json");
+    let resp_path = dir.join("resp.json");
+    let _ = std::fs::remove_file(&resp_path);
+    let text = serde_json::to_vec(&req).expect("request serialises");
+    crate::world::write_atomic(&req_path, &text).map_err(os_err)?;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if let Some(resp) = read_response(&resp_path) {
+            if resp.id == id {
+                let _ = std::fs::remove_file(&resp_path);
+                let code = CUresult(resp.result);
+                return if code.is_success() { Ok(()) } else { Err(code) };
+            }
+        }
+        if Instant::now() >= deadline {
+            // Withdraw the request if the thread has not taken it yet.
+            let _ = std::fs::remove_file(&req_path);
+            return Err(CUresult::ERROR_TIMEOUT);
+        }
+        if crate::ffi::sys::start_time(tgid).is_none() {
+            let _ = std::fs::remove_file(&req_path);
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+fn read_response(path: &Path) -> Option<Response> {
+    let bytes = std::fs::read(path).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line served through the export table
+
+/// [`crate::cli_api::CheckpointDriver`] backed by this driver, for the command line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealDriver;
+
+impl crate::cli_api::CheckpointDriver for RealDriver {
+    fn driver_version(&self) -> i32 {
+        driver_version().unwrap_or(0)
+    }
+    fn branch(&self) -> (u32, String) {
+        world().map_or((0, String::new()), |w| {
+            (w.config().driver.branch, w.config().driver.version_string())
+        })
+    }
+    fn init(&self) -> Result<(), CUresult> {
+        init(0)
+    }
+    fn get_restore_tid(&self, pid: i32) -> Result<i32, CUresult> {
+        get_restore_tid(pid)
+    }
+    fn get_state(&self, pid: i32) -> Result<CUprocessState, CUresult> {
+        get_state(pid)
+    }
+    fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), CUresult> {
+        lock(pid, timeout_ms)
+    }
+    fn checkpoint(&self, pid: i32) -> Result<(), CUresult> {
+        checkpoint(pid)
+    }
+    fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CUresult> {
+        restore(pid, pairs)
+    }
+    fn unlock(&self, pid: i32) -> Result<(), CUresult> {
+        unlock(pid)
+    }
+}

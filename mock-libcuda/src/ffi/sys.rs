@@ -1,0 +1,131 @@
+//! Operating-system helpers: file locks, process facts from `/proc`, signals, and the GPU
+//! handle (a descriptor CRIU refuses to dump).
+
+use std::fs::File;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// An exclusive `flock(2)` on a file, released on drop.
+#[derive(Debug)]
+pub struct FileLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
+
+impl FileLock {
+    /// Takes the lock, retrying until `deadline`. `Err(None)` means the deadline passed.
+    pub fn acquire(path: &Path, deadline: Instant) -> Result<FileLock, Option<std::io::Error>> {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(Some)?;
+        loop {
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(l) => return Ok(FileLock(l)),
+                Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {
+                    if Instant::now() >= deadline {
+                        return Err(None);
+                    }
+                    file = f;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err((_, e)) => return Err(Some(std::io::Error::from(e))),
+            }
+        }
+    }
+}
+
+/// The calling thread's id.
+#[must_use]
+pub fn gettid() -> i32 {
+    nix::unistd::gettid().as_raw()
+}
+
+/// The process (thread group) a pid or tid belongs to, if it exists.
+#[must_use]
+pub fn tgid_of(id: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{id}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
+    line["Tgid:".len()..].trim().parse().ok()
+}
+
+/// Start time (clock ticks after boot, field 22 of `/proc/PID/stat`) of a live, non-zombie
+/// process, which tells a pid apart from a later process reusing it.
+#[must_use]
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state).
+    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Kills `pid` with SIGKILL and waits (bounded) until it is gone or a zombie.
+pub fn kill_and_wait(pid: i32, limit: Duration) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let deadline = Instant::now() + limit;
+    while start_time(pid).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Crashes the calling process with `signal` (default SIGSEGV), as a driver bug would.
+pub fn crash(signal: Option<&str>) -> ! {
+    use std::str::FromStr;
+    let sig = signal
+        .and_then(|s| {
+            let s = s.to_ascii_uppercase();
+            let s = if s.starts_with("SIG") {
+                s
+            } else {
+                format!("SIG{s}")
+            };
+            nix::sys::signal::Signal::from_str(&s).ok()
+        })
+        .unwrap_or(nix::sys::signal::Signal::SIGSEGV);
+    // Make sure the default action runs even if the host installed a handler.
+    // SAFETY: resetting a signal disposition to SIG_DFL has no memory-safety preconditions.
+    let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+    let _ = nix::sys::signal::raise(sig);
+    std::process::abort()
+}
+
+/// Opens the GPU handle: a userfaultfd, a descriptor type CRIU refuses to dump ("Can't dump
+/// file N of that type"), standing in for the `/dev/nvidia*` state a real CUDA process holds.
+/// Falls back to an io_uring instance (also refused); `None` if the kernel allows neither, or
+/// when `MOCK_CUDA_NO_GPU_HANDLE` is set (then a dump without checkpoint is not prevented; the
+/// state machine is still exact).
+#[must_use]
+pub fn open_gpu_handle() -> Option<OwnedFd> {
+    if std::env::var_os("MOCK_CUDA_NO_GPU_HANDLE").is_some() {
+        return None;
+    }
+    const UFFD_USER_MODE_ONLY: libc::c_long = 1;
+    // SAFETY: userfaultfd(flags) takes no pointers.
+    let mut fd = unsafe {
+        libc::syscall(
+            libc::SYS_userfaultfd,
+            libc::c_long::from(libc::O_CLOEXEC) | UFFD_USER_MODE_ONLY,
+        )
+    };
+    if fd < 0 {
+        // struct io_uring_params is 120 bytes; all-zero asks for defaults.
+        let mut params = [0u8; 120];
+        // SAFETY: io_uring_setup(entries, params) reads and writes exactly the 120-byte
+        // `struct io_uring_params` we pass, which outlives the call.
+        fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    }
+    if fd < 0 {
+        return None;
+    }
+    let fd = i32::try_from(fd).ok()?;
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}

@@ -1,0 +1,498 @@
+//! The in-target side of the mock: what lives inside a process that uses CUDA.
+//!
+//! A process becomes a CUDA process (a checkpoint target) when it creates its first context.
+//! It then gets:
+//! * a **restore thread** (named `cuda` + 11 hex digits, like the driver's), whose TID
+//!   `cuCheckpointProcessGetRestoreThreadId` reports. Lock, checkpoint, restore and unlock
+//!   requests are carried out by this thread, which polls the process's mailbox in the world.
+//!   A request to a process whose restore thread is stopped (SIGSTOP, ptrace) therefore makes no
+//!   progress and the caller gives up after its timeout.
+//! * an **API gate**: workload calls (allocations, copies, …) enter it; a lock waits for the
+//!   calls in flight to leave (up to `timeoutMs`) and keeps new ones blocked until unlock.
+//! * **device memory** that lives outside the process (one file per allocation under
+//!   `<world>/devmem/`) while RUNNING or LOCKED. A checkpoint moves it into the process's own
+//!   memory (so CRIU dumps it with the process) and a restore writes it back, onto the mapped
+//!   GPUs.
+//! * a **GPU handle**: a file descriptor CRIU refuses to dump, held while the process has GPU
+//!   state, released by a checkpoint and re-acquired by a restore. A dump whose CUDA checkpoint
+//!   did not happen fails, as on a real GPU.
+
+use crate::world::config::GpuUuidText;
+use crate::world::state::{Allocation, CheckpointedGpu};
+use crate::world::World;
+use abi::{CUprocessState, CUresult, GpuUuid};
+use serde::{Deserialize, Serialize};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How often the restore thread looks at its mailbox.
+const POLL: Duration = Duration::from_millis(1);
+
+/// A request to a target's restore thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    pub caller: u32,
+    pub op: Op,
+}
+
+/// The operations a restore thread carries out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Op {
+    Lock {
+        timeout_ms: u32,
+    },
+    Checkpoint,
+    Restore {
+        pairs: Vec<(GpuUuidText, GpuUuidText)>,
+    },
+    Unlock,
+    /// Fault injection: enter CU_PROCESS_STATE_FAILED.
+    Fail,
+}
+
+/// A restore thread's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub id: u64,
+    pub result: u32,
+}
+
+struct Gate {
+    state: CUprocessState,
+    /// A lock is waiting for the calls in flight: no new call may enter.
+    locking: bool,
+    active: u32,
+}
+
+struct SavedAlloc {
+    alloc: Allocation,
+    data: Vec<u8>,
+}
+
+/// The runtime of a CUDA process.
+pub struct Runtime {
+    world: Arc<World>,
+    pid: i32,
+    gate: Mutex<Gate>,
+    cv: Condvar,
+    saved: Mutex<Vec<SavedAlloc>>,
+    gpu_handle: Mutex<Option<OwnedFd>>,
+    restore_tid: OnceLock<i32>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
+
+/// The process's runtime, if it became a CUDA process.
+pub fn runtime() -> Option<&'static Arc<Runtime>> {
+    RUNTIME.get()
+}
+
+/// Makes the calling process a CUDA process (idempotent): registers it in the world with its
+/// device table, starts the restore thread and takes the GPU handle.
+pub fn ensure_registered(
+    world: &Arc<World>,
+    devices: &[GpuUuid],
+) -> Result<&'static Arc<Runtime>, CUresult> {
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    static INIT: Mutex<()> = Mutex::new(());
+    let _g = INIT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let pid = std::process::id() as i32;
+    let rt = Arc::new(Runtime {
+        world: Arc::clone(world),
+        pid,
+        gate: Mutex::new(Gate {
+            state: CUprocessState::RUNNING,
+            locking: false,
+            active: 0,
+        }),
+        cv: Condvar::new(),
+        saved: Mutex::new(Vec::new()),
+        gpu_handle: Mutex::new(crate::ffi::sys::open_gpu_handle()),
+        restore_tid: OnceLock::new(),
+    });
+    let mailbox = world.mailbox_dir(pid);
+    let _ = std::fs::remove_dir_all(&mailbox);
+    std::fs::create_dir_all(&mailbox).map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread_rt = Arc::clone(&rt);
+    std::thread::Builder::new()
+        .name(format!(
+            "cuda{:011x}",
+            (u64::from(pid as u32) << 12) ^ 0x5eed_c0de
+        ))
+        .spawn(move || {
+            let _ = tx.send(crate::ffi::sys::gettid());
+            thread_rt.restore_thread_loop();
+        })
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    let tid = rx
+        .recv_timeout(Duration::from_secs(5))
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    let _ = rt.restore_tid.set(tid);
+    let start_time = crate::ffi::sys::start_time(pid).unwrap_or(0);
+    let devices: Vec<GpuUuidText> = devices.iter().copied().map(GpuUuidText).collect();
+    world
+        .update(|st| {
+            st.processes.insert(
+                pid,
+                crate::world::state::ProcessEntry {
+                    state: CUprocessState::RUNNING.0,
+                    restore_tid: tid,
+                    start_time,
+                    devices,
+                    contexts: Vec::new(),
+                    allocations: Vec::new(),
+                    checkpointed: Vec::new(),
+                },
+            );
+        })
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    let _ = RUNTIME.set(rt);
+    Ok(RUNTIME.get().expect("just set"))
+}
+
+/// Token for a workload call inside the API gate.
+#[derive(Debug)]
+pub struct Entered<'a>(&'a Runtime);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut g = self.0.gate.lock().unwrap_or_else(|p| p.into_inner());
+        g.active -= 1;
+        self.0.cv.notify_all();
+    }
+}
+
+impl Runtime {
+    /// Enters the API gate for a workload call: blocks while the process is locked or
+    /// checkpointed (as the driver blocks CUDA calls of a locked process); fails in FAILED.
+    pub fn enter(&self) -> Result<Entered<'_>, CUresult> {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if g.state == CUprocessState::FAILED {
+                return Err(CUresult::ERROR_ILLEGAL_STATE);
+            }
+            if g.state == CUprocessState::RUNNING && !g.locking {
+                break;
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g.active += 1;
+        Ok(Entered(self))
+    }
+
+    /// The restore thread's TID.
+    #[must_use]
+    pub fn restore_tid(&self) -> i32 {
+        self.restore_tid.get().copied().unwrap_or(0)
+    }
+
+    fn restore_thread_loop(&self) {
+        let dir = self.world.mailbox_dir(self.pid);
+        let req_path = dir.join("req.json");
+        loop {
+            std::thread::sleep(POLL);
+            let Some(req) = take_request(&req_path) else {
+                continue;
+            };
+            let result = self.execute(&req.op);
+            let resp = Response {
+                id: req.id,
+                result: result.0,
+            };
+            let text = serde_json::to_vec(&resp).expect("response serialises");
+            let _ = crate::world::write_atomic(&dir.join("resp.json"), &text);
+        }
+    }
+
+    fn set_state(&self, g: &mut Gate, state: CUprocessState) -> CUresult {
+        g.state = state;
+        let pid = self.pid;
+        let start = crate::ffi::sys::start_time(pid).unwrap_or(0);
+        let r = self.world.update(|st| {
+            if let Some(e) = st.processes.get_mut(&pid) {
+                e.state = state.0;
+                e.start_time = start;
+            }
+        });
+        self.cv.notify_all();
+        if r.is_ok() {
+            CUresult::SUCCESS
+        } else {
+            CUresult::ERROR_OPERATING_SYSTEM
+        }
+    }
+
+    /// Carries one operation out, inside the target, on the restore thread.
+    fn execute(&self, op: &Op) -> CUresult {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        match op {
+            Op::Fail => self.set_state(&mut g, CUprocessState::FAILED),
+            Op::Lock { timeout_ms } => {
+                if g.state != CUprocessState::RUNNING || g.locking {
+                    return CUresult::ERROR_ILLEGAL_STATE;
+                }
+                g.locking = true;
+                let deadline = (*timeout_ms > 0)
+                    .then(|| Instant::now() + Duration::from_millis(u64::from(*timeout_ms)));
+                while g.active > 0 {
+                    match deadline {
+                        None => g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
+                        Some(d) => {
+                            let now = Instant::now();
+                            if now >= d {
+                                g.locking = false;
+                                self.cv.notify_all();
+                                return CUresult::ERROR_NOT_READY;
+                            }
+                            g = self
+                                .cv
+                                .wait_timeout(g, d - now)
+                                .unwrap_or_else(|p| p.into_inner())
+                                .0;
+                        }
+                    }
+                }
+                g.locking = false;
+                self.set_state(&mut g, CUprocessState::LOCKED)
+            }
+            Op::Unlock => {
+                if g.state != CUprocessState::LOCKED {
+                    return CUresult::ERROR_ILLEGAL_STATE;
+                }
+                self.set_state(&mut g, CUprocessState::RUNNING)
+            }
+            Op::Checkpoint => {
+                if g.state != CUprocessState::LOCKED {
+                    return CUresult::ERROR_ILLEGAL_STATE;
+                }
+                match self.checkpoint_memory() {
+                    Ok(()) => self.set_state(&mut g, CUprocessState::CHECKPOINTED),
+                    Err(code) => code,
+                }
+            }
+            Op::Restore { pairs } => {
+                if g.state != CUprocessState::CHECKPOINTED {
+                    return CUresult::ERROR_ILLEGAL_STATE;
+                }
+                let pairs: Vec<(GpuUuid, GpuUuid)> =
+                    pairs.iter().map(|(a, b)| (a.0, b.0)).collect();
+                match self.restore_memory(&pairs) {
+                    Ok(()) => self.set_state(&mut g, CUprocessState::LOCKED),
+                    Err(code) => code,
+                }
+            }
+        }
+    }
+
+    /// Moves every allocation from the world into this process's memory.
+    fn checkpoint_memory(&self) -> Result<(), CUresult> {
+        let world = &self.world;
+        let pid = self.pid;
+        let allocations = world
+            .read_state()
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
+            .processes
+            .get(&pid)
+            .map(|e| e.allocations.clone())
+            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        let mut saved = Vec::with_capacity(allocations.len());
+        for a in &allocations {
+            let path = world.devmem_path(pid, a.id);
+            let data = std::fs::read(&path).map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+            saved.push(SavedAlloc {
+                alloc: a.clone(),
+                data,
+            });
+        }
+        let mut per_gpu: Vec<CheckpointedGpu> = Vec::new();
+        let contexts = world
+            .read_state()
+            .ok()
+            .and_then(|s| s.processes.get(&pid).map(|e| e.contexts.clone()))
+            .unwrap_or_default();
+        // Every GPU the process has a context on is part of its checkpoint, used or not.
+        for d in &contexts {
+            if !per_gpu.iter().any(|c| c.uuid == *d) {
+                per_gpu.push(CheckpointedGpu {
+                    uuid: *d,
+                    chip: chip_of(world, d.0).unwrap_or_default(),
+                    bytes: 0,
+                });
+            }
+        }
+        for s in &saved {
+            if let Some(c) = per_gpu.iter_mut().find(|c| c.uuid == s.alloc.gpu) {
+                c.bytes += s.alloc.size;
+            } else {
+                per_gpu.push(CheckpointedGpu {
+                    uuid: s.alloc.gpu,
+                    chip: chip_of(world, s.alloc.gpu.0).unwrap_or_default(),
+                    bytes: s.alloc.size,
+                });
+            }
+        }
+        world
+            .update(|st| {
+                if let Some(e) = st.processes.get_mut(&pid) {
+                    e.checkpointed = per_gpu;
+                }
+            })
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        for a in &allocations {
+            let _ = std::fs::remove_file(world.devmem_path(pid, a.id));
+        }
+        *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = saved;
+        *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
+    }
+
+    /// Writes the saved allocations back onto the (possibly remapped) GPUs.
+    fn restore_memory(&self, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CUresult> {
+        let world = &self.world;
+        let pid = self.pid;
+        let state = world
+            .read_state()
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        let entry = state
+            .processes
+            .get(&pid)
+            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
+        let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
+        // Memory check: what the process brings back must fit next to what is resident.
+        let cfg = world.config();
+        for g in &cfg.gpus {
+            let need: u64 = entry
+                .checkpointed
+                .iter()
+                .filter(|c| target(c.uuid.0) == g.uuid.0)
+                .map(|c| c.bytes)
+                .sum();
+            if need == 0 {
+                continue;
+            }
+            let used: u64 = state
+                .processes
+                .iter()
+                .filter(|(p, e)| {
+                    **p != pid
+                        && matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
+                })
+                .flat_map(|(_, e)| e.allocations.iter())
+                .filter(|a| a.gpu == g.uuid)
+                .map(|a| a.size)
+                .sum();
+            if used + need > g.memory_mib * 1024 * 1024 {
+                return Err(CUresult::ERROR_OUT_OF_MEMORY);
+            }
+        }
+        let saved = std::mem::take(&mut *self.saved.lock().unwrap_or_else(|p| p.into_inner()));
+        for s in &saved {
+            let path = world.devmem_path(pid, s.alloc.id);
+            if std::fs::write(&path, &s.data).is_err() {
+                *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = saved;
+                return Err(CUresult::ERROR_OPERATING_SYSTEM);
+            }
+        }
+        let start = crate::ffi::sys::start_time(pid).unwrap_or(0);
+        world
+            .update(|st| {
+                if let Some(e) = st.processes.get_mut(&pid) {
+                    for a in &mut e.allocations {
+                        a.gpu = GpuUuidText(target(a.gpu.0));
+                    }
+                    for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
+                        *d = GpuUuidText(target(d.0));
+                    }
+                    e.checkpointed.clear();
+                    e.start_time = start;
+                }
+            })
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) =
+            crate::ffi::sys::open_gpu_handle();
+        Ok(())
+    }
+}
+
+fn chip_of(world: &World, uuid: GpuUuid) -> Option<String> {
+    world
+        .config()
+        .gpus
+        .iter()
+        .find(|g| g.uuid.0 == uuid)
+        .map(|g| g.chip.clone())
+}
+
+/// Checks restore GPU pairs against what was checkpointed and what this host has, and returns
+/// the old -> new map. Without pairs every checkpointed GPU must exist here (identity).
+/// With pairs: every checkpointed GPU is covered, every new GPU exists, no endpoint repeats on
+/// either side, and each pair joins GPUs of the same chip. Violations are
+/// `CUDA_ERROR_INVALID_VALUE`, as the driver reports a bad map.
+pub fn resolve_restore_map(
+    world: &World,
+    checkpointed: &[CheckpointedGpu],
+    pairs: &[(GpuUuid, GpuUuid)],
+) -> Result<Vec<(GpuUuid, GpuUuid)>, CUresult> {
+    let host = &world.config().gpus;
+    if pairs.is_empty() {
+        for c in checkpointed {
+            if !host.iter().any(|g| g.uuid == c.uuid) {
+                return Err(CUresult::ERROR_INVALID_VALUE);
+            }
+        }
+        return Ok(checkpointed.iter().map(|c| (c.uuid.0, c.uuid.0)).collect());
+    }
+    for (i, (old, new)) in pairs.iter().enumerate() {
+        if pairs[..i].iter().any(|(o, n)| o == old || n == new) {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let Some(new_gpu) = host.iter().find(|g| g.uuid.0 == *new) else {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        };
+        let old_chip = checkpointed
+            .iter()
+            .find(|c| c.uuid.0 == *old)
+            .map(|c| c.chip.clone())
+            .or_else(|| chip_of(world, *old));
+        match old_chip {
+            Some(chip) if chip == new_gpu.chip => {}
+            _ => return Err(CUresult::ERROR_INVALID_VALUE),
+        }
+    }
+    if checkpointed
+        .iter()
+        .any(|c| !pairs.iter().any(|(o, _)| *o == c.uuid.0))
+    {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    Ok(pairs.to_vec())
+}
+
+/// Takes the pending request, if any, out of the mailbox (rename makes the hand-over atomic:
+/// a caller that gives up renames it away first, and then the thread never sees it).
+fn take_request(req_path: &Path) -> Option<Request> {
+    let taken = req_path.with_extension("taken");
+    std::fs::rename(req_path, &taken).ok()?;
+    let text = std::fs::read(&taken).ok()?;
+    let _ = std::fs::remove_file(&taken);
+    serde_json::from_slice(&text).ok()
+}

@@ -1,0 +1,167 @@
+//! The world: a directory, named by [`WORLD_ENV`], shared by every process that loads the mock
+//! (CRIU with the plugin, the `cuda-checkpoint` utility, the workloads).
+//!
+//! ```text
+//! <world>/world.toml        scripted config (driver, GPUs, faults)          -> config.rs
+//! <world>/state.json        runtime state, versioned, updated under a lock  -> state.rs
+//! <world>/state.lock        flock(2) target serialising state updates
+//! <world>/trace.log         one line per driver call                        -> trace.rs
+//! <world>/lib/libcuda.so.1  the mock, with hidden symbols removed from its dynamic table
+//! <world>/devmem/           device memory of RUNNING/LOCKED processes, one file per allocation
+//! <world>/mailbox/<pid>/    requests to a target's restore thread
+//! ```
+
+pub mod config;
+pub mod faults;
+pub mod state;
+pub mod trace;
+
+use crate::world::config::WorldConfig;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Environment variable naming the world directory.
+pub const WORLD_ENV: &str = "MOCK_CUDA_WORLD";
+
+/// Errors about the world directory and its files. Each names the file it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum WorldError {
+    #[error("{WORLD_ENV} is not set: the mock driver has no world to impersonate")]
+    NoWorld,
+    #[error("mock world config {path}: {reason}")]
+    Config { path: String, reason: String },
+    #[error("mock world state {path}: {reason}")]
+    State { path: String, reason: String },
+    #[error("mock world {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("mock world lock {path}: not acquired within {ms} ms")]
+    LockTimeout { path: String, ms: u64 },
+    #[error("mock world library: {0}")]
+    Library(String),
+}
+
+impl WorldError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> WorldError {
+        WorldError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// An opened world.
+#[derive(Debug)]
+pub struct World {
+    dir: PathBuf,
+    config: WorldConfig,
+}
+
+impl World {
+    /// Opens the world at `dir`, reading and validating its config.
+    pub fn open(dir: &Path) -> Result<World, WorldError> {
+        let path = dir.join("world.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| WorldError::io(&path, e))?;
+        let config = WorldConfig::parse(&text, &path.display().to_string())?;
+        Ok(World {
+            dir: dir.to_path_buf(),
+            config,
+        })
+    }
+
+    /// The world named by [`WORLD_ENV`], opened once per process and directory.
+    pub fn from_env() -> Result<Arc<World>, WorldError> {
+        static CACHE: Mutex<Option<Arc<World>>> = Mutex::new(None);
+        let dir = std::env::var_os(WORLD_ENV)
+            .filter(|d| !d.is_empty())
+            .ok_or(WorldError::NoWorld)?;
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = cache.as_ref() {
+            if w.dir.as_os_str() == dir {
+                return Ok(Arc::clone(w));
+            }
+        }
+        let w = Arc::new(World::open(Path::new(&dir))?);
+        *cache = Some(Arc::clone(&w));
+        Ok(w)
+    }
+
+    /// Creates (or re-creates) a world at `dir` from `config`: writes `world.toml`, a fresh
+    /// state and trace, and `lib/libcuda.so.1` made from the mock library at `mock_so` with the
+    /// world's hidden symbols removed from its dynamic symbol table.
+    pub fn create(dir: &Path, config: &WorldConfig, mock_so: &Path) -> Result<World, WorldError> {
+        let io = |p: &Path, e| WorldError::io(p, e);
+        std::fs::create_dir_all(dir.join("lib")).map_err(|e| io(dir, e))?;
+        for sub in ["devmem", "mailbox"] {
+            let p = dir.join(sub);
+            if p.exists() {
+                std::fs::remove_dir_all(&p).map_err(|e| io(&p, e))?;
+            }
+            std::fs::create_dir_all(&p).map_err(|e| io(&p, e))?;
+        }
+        // Round-trip through the validator so a world is never written from a bad config.
+        let text = config.to_toml();
+        let cfg_path = dir.join("world.toml");
+        WorldConfig::parse(&text, &cfg_path.display().to_string())?;
+        write_atomic(&cfg_path, text.as_bytes())?;
+        state::StateFile::default().store(&dir.join("state.json"))?;
+        let trace = dir.join("trace.log");
+        std::fs::write(&trace, b"").map_err(|e| io(&trace, e))?;
+        let image = std::fs::read(mock_so).map_err(|e| io(mock_so, e))?;
+        let hidden: Vec<&str> = crate::ffi::EXPORTED_SYMBOLS
+            .iter()
+            .copied()
+            .filter(|s| !config.driver.exports(s))
+            .collect();
+        let patched = crate::elf::hide_dynamic_symbols(&image, &hidden)
+            .map_err(|e| WorldError::Library(format!("{}: {e}", mock_so.display())))?;
+        let lib = dir.join("lib").join("libcuda.so.1");
+        write_atomic(&lib, &patched)?;
+        World::open(dir)
+    }
+
+    /// The world directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The scripted config.
+    #[must_use]
+    pub fn config(&self) -> &WorldConfig {
+        &self.config
+    }
+
+    pub(crate) fn state_path(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+
+    pub(crate) fn lock_path(&self) -> PathBuf {
+        self.dir.join("state.lock")
+    }
+
+    pub(crate) fn trace_path(&self) -> PathBuf {
+        self.dir.join("trace.log")
+    }
+
+    /// The file holding one device allocation of a RUNNING or LOCKED process.
+    pub(crate) fn devmem_path(&self, pid: i32, alloc: u64) -> PathBuf {
+        self.dir.join("devmem").join(format!("{pid}-{alloc}.bin"))
+    }
+
+    /// The mailbox of a target's restore thread.
+    pub(crate) fn mailbox_dir(&self, pid: i32) -> PathBuf {
+        self.dir.join("mailbox").join(pid.to_string())
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
+/// partial file.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WorldError> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| WorldError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| WorldError::io(path, e))
+}

@@ -1,0 +1,182 @@
+//! Runtime state of a world (`state.json`): one entry per CUDA process, updated atomically
+//! under an exclusive `flock(2)` on `state.lock`. The file carries a format tag and version; a
+//! corrupt or foreign file is an error naming the file, never silently replaced.
+
+use super::config::GpuUuidText;
+use super::{write_atomic, World, WorldError};
+use abi::CUprocessState;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Format tag of `state.json`.
+pub const STATE_FORMAT: &str = "mock-cuda-world-state";
+/// Version of `state.json`.
+pub const STATE_VERSION: u32 = 1;
+/// How long a process waits for the state lock before reporting an error.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The whole runtime state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    pub format: String,
+    pub version: u32,
+    /// CUDA processes by pid.
+    pub processes: BTreeMap<i32, ProcessEntry>,
+    /// Matching-call counters of the scripted faults, by fault index.
+    pub fault_counts: BTreeMap<usize, u64>,
+    /// Next allocation id.
+    pub next_alloc: u64,
+}
+
+impl Default for StateFile {
+    fn default() -> Self {
+        StateFile {
+            format: STATE_FORMAT.to_owned(),
+            version: STATE_VERSION,
+            processes: BTreeMap::new(),
+            fault_counts: BTreeMap::new(),
+            next_alloc: 1,
+        }
+    }
+}
+
+/// One CUDA process as the driver sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessEntry {
+    /// `CUprocessState` value.
+    pub state: u32,
+    /// TID of the restore thread inside the process.
+    pub restore_tid: i32,
+    /// Start time of the process (field 22 of `/proc/PID/stat`), to tell pid reuse apart.
+    pub start_time: u64,
+    /// The process's device ordinals: ordinal -> GPU.
+    pub devices: Vec<GpuUuidText>,
+    /// GPUs the process created contexts on.
+    pub contexts: Vec<GpuUuidText>,
+    /// Device allocations.
+    pub allocations: Vec<Allocation>,
+    /// GPUs whose state was checkpointed (set while CHECKPOINTED), with their chips.
+    pub checkpointed: Vec<CheckpointedGpu>,
+}
+
+impl ProcessEntry {
+    /// The state as the API type.
+    #[must_use]
+    pub fn state(&self) -> CUprocessState {
+        CUprocessState(self.state)
+    }
+}
+
+/// One device allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocation {
+    pub id: u64,
+    pub size: u64,
+    pub gpu: GpuUuidText,
+}
+
+/// A GPU a checkpoint holds state of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointedGpu {
+    pub uuid: GpuUuidText,
+    pub chip: String,
+    pub bytes: u64,
+}
+
+impl StateFile {
+    /// Reads and validates a state file.
+    pub fn load(path: &Path) -> Result<StateFile, WorldError> {
+        let bad = |reason: String| WorldError::State {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| WorldError::io(path, e))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+        match value.get("format").and_then(|f| f.as_str()) {
+            Some(STATE_FORMAT) => {}
+            Some(other) => return Err(bad(format!("format {other:?} is not {STATE_FORMAT:?}"))),
+            None => return Err(bad(format!("no format tag: not a {STATE_FORMAT} file"))),
+        }
+        match value.get("version").and_then(serde_json::Value::as_u64) {
+            Some(v) if v == u64::from(STATE_VERSION) => {}
+            Some(v) => {
+                return Err(bad(format!(
+                    "version {v} is not supported (expected {STATE_VERSION})"
+                )))
+            }
+            None => return Err(bad("no version".to_owned())),
+        }
+        serde_json::from_value(value).map_err(|e| bad(format!("malformed ({e})")))
+    }
+
+    /// Writes the state atomically.
+    pub fn store(&self, path: &Path) -> Result<(), WorldError> {
+        let text = serde_json::to_string_pretty(self).expect("state always serialises");
+        write_atomic(path, text.as_bytes())
+    }
+}
+
+impl World {
+    /// Runs `f` on the state under the world's exclusive lock and stores the result.
+    pub fn update<R>(&self, f: impl FnOnce(&mut StateFile) -> R) -> Result<R, WorldError> {
+        let _guard = self.lock_state()?;
+        let path = self.state_path();
+        let mut state = StateFile::load(&path)?;
+        let before = state.clone();
+        let r = f(&mut state);
+        if state != before {
+            state.store(&path)?;
+        }
+        Ok(r)
+    }
+
+    /// A consistent snapshot of the state.
+    pub fn read_state(&self) -> Result<StateFile, WorldError> {
+        let _guard = self.lock_state()?;
+        StateFile::load(&self.state_path())
+    }
+
+    fn lock_state(&self) -> Result<crate::ffi::sys::FileLock, WorldError> {
+        let path = self.lock_path();
+        let deadline = Instant::now() + LOCK_TIMEOUT;
+        crate::ffi::sys::FileLock::acquire(&path, deadline).map_err(|e| match e {
+            None => WorldError::LockTimeout {
+                path: path.display().to_string(),
+                ms: LOCK_TIMEOUT.as_millis() as u64,
+            },
+            Some(io) => WorldError::io(&path, io),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_and_foreign_files_are_named_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        std::fs::write(&p, "{ not json").unwrap();
+        let e = StateFile::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("state.json") && e.contains("not valid JSON"),
+            "{e}"
+        );
+        std::fs::write(&p, r#"{"format":"something-else","version":1}"#).unwrap();
+        let e = StateFile::load(&p).unwrap_err().to_string();
+        assert!(e.contains("something-else"), "{e}");
+        std::fs::write(&p, r#"{"format":"mock-cuda-world-state","version":99}"#).unwrap();
+        let e = StateFile::load(&p).unwrap_err().to_string();
+        assert!(e.contains("version 99"), "{e}");
+        StateFile::default().store(&p).unwrap();
+        assert_eq!(StateFile::load(&p).unwrap(), StateFile::default());
+    }
+}

@@ -1,0 +1,253 @@
+//! The driver API against live mock workloads: the state machine, the restore thread, device
+//! memory moves, timeouts, GPU pairs, and what other processes see.
+
+mod common;
+
+use abi::{CUprocessState, CUresult, GpuUuid};
+use common::*;
+use mock_libcuda::driver;
+use std::time::{Duration, Instant};
+
+fn uuid(s: &str) -> GpuUuid {
+    GpuUuid::parse(s).unwrap()
+}
+
+#[test]
+fn full_cycle_keeps_gpu_data_and_moves_it_through_the_process() {
+    let _s = serial();
+    let mut w = TestWorld::new(&config(580, ""));
+    let pid = w.spawn_app(&["--gpus", "0,1", "--kib", "64", "--threads", "2"]);
+
+    let tid = driver::get_restore_tid(pid).unwrap();
+    let names = thread_names(pid);
+    let (_, comm) = names
+        .iter()
+        .find(|(t, _)| *t == tid)
+        .expect("restore tid is a thread of the target");
+    assert!(
+        comm.starts_with("cuda") && comm.len() == 15,
+        "restore thread is named like the driver's: {comm}"
+    );
+    // Any thread id names the process.
+    assert_eq!(driver::get_state(tid), Ok(CUprocessState::RUNNING));
+
+    driver::lock(pid, 5000).unwrap();
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::LOCKED));
+    driver::checkpoint(pid).unwrap();
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::CHECKPOINTED));
+    let devmem: Vec<_> = std::fs::read_dir(w.path().join("devmem"))
+        .unwrap()
+        .collect();
+    assert!(
+        devmem.is_empty(),
+        "checkpointed device memory lives in the process, not the world"
+    );
+
+    // Restore needs cuInit in the caller.
+    assert_eq!(
+        driver::restore(pid, &[]),
+        Err(CUresult::ERROR_NOT_INITIALIZED)
+    );
+    driver::init(0).unwrap();
+    driver::restore(pid, &[]).unwrap();
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::LOCKED));
+    driver::unlock(pid).unwrap();
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::RUNNING));
+    let line = w.verify(0, pid);
+    assert!(line.starts_with("PASS"), "{line}");
+    assert!(line.contains(GPU0) && line.contains(GPU1), "{line}");
+}
+
+#[test]
+fn wrong_state_calls_are_illegal_state_and_change_nothing() {
+    let _s = serial();
+    let mut w = TestWorld::new(&config(580, ""));
+    let pid = w.spawn_app(&["--kib", "4"]);
+    driver::init(0).unwrap();
+    assert_eq!(driver::checkpoint(pid), Err(CUresult::ERROR_ILLEGAL_STATE));
+    assert_eq!(
+        driver::restore(pid, &[]),
+        Err(CUresult::ERROR_ILLEGAL_STATE)
+    );
+    assert_eq!(driver::unlock(pid), Err(CUresult::ERROR_ILLEGAL_STATE));
+    driver::lock(pid, 0).unwrap();
+    assert_eq!(driver::lock(pid, 0), Err(CUresult::ERROR_ILLEGAL_STATE));
+    assert_eq!(
+        driver::restore(pid, &[]),
+        Err(CUresult::ERROR_ILLEGAL_STATE)
+    );
+    driver::checkpoint(pid).unwrap();
+    assert_eq!(driver::unlock(pid), Err(CUresult::ERROR_ILLEGAL_STATE));
+    assert_eq!(driver::checkpoint(pid), Err(CUresult::ERROR_ILLEGAL_STATE));
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::CHECKPOINTED));
+    driver::restore(pid, &[]).unwrap();
+    driver::unlock(pid).unwrap();
+    assert!(w.verify(0, pid).starts_with("PASS"));
+}
+
+#[test]
+fn non_cuda_and_missing_processes_are_invalid_value() {
+    let _s = serial();
+    let _w = TestWorld::new(&config(580, ""));
+    let me = std::process::id() as i32;
+    assert_eq!(
+        driver::get_restore_tid(me),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    assert_eq!(driver::get_state(me), Err(CUresult::ERROR_INVALID_VALUE));
+    assert_eq!(
+        driver::lock(i32::MAX, 0),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    assert_eq!(driver::get_state(-1), Err(CUresult::ERROR_INVALID_VALUE));
+}
+
+#[test]
+fn a_stopped_restore_thread_times_out_instead_of_hanging() {
+    let _s = serial();
+    let mut w = TestWorld::new(&config(580, ""));
+    let pid = w.spawn_app(&["--kib", "4"]);
+    let p = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    wait_for(
+        Duration::from_secs(5),
+        || read(std::path::Path::new(&format!("/proc/{pid}/stat"))).contains(") T "),
+        "the target to stop",
+    );
+
+    let t = Instant::now();
+    assert_eq!(
+        driver::lock(pid, 300),
+        Err(CUresult::ERROR_NOT_READY),
+        "a lock with timeoutMs reports NOT_READY"
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "lock gave up after {took:?}"
+    );
+    assert_eq!(
+        driver::get_state(pid),
+        Ok(CUprocessState::RUNNING),
+        "a timed-out lock leaves the process RUNNING"
+    );
+
+    let t = Instant::now();
+    assert_eq!(
+        driver::lock(pid, 0),
+        Err(CUresult::ERROR_TIMEOUT),
+        "without timeoutMs the world's request timeout applies"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+
+    // Once the thread runs again, the withdrawn requests must not execute behind our back.
+    nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGCONT).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::RUNNING));
+    driver::lock(pid, 1000).unwrap();
+    driver::unlock(pid).unwrap();
+    assert!(w.verify(0, pid).starts_with("PASS"));
+}
+
+#[test]
+fn gpu_pairs_move_memory_to_other_gpus_and_bad_maps_are_refused() {
+    let _s = serial();
+    let extra = format!(
+        r#"
+[[gpu]]
+uuid = "{GPU2}"
+name = "NVIDIA A100-SXM4-80GB"
+memory_mib = 64
+chip = "GA100"
+"#
+    );
+    let mut w = TestWorld::new(&config(580, &extra));
+    let pid = w.spawn_app(&["--gpus", "0,1", "--kib", "16"]);
+    driver::init(0).unwrap();
+    driver::lock(pid, 0).unwrap();
+    driver::checkpoint(pid).unwrap();
+    let (g0, g1, g2) = (uuid(GPU0), uuid(GPU1), uuid(GPU2));
+    let refused: &[(&str, Vec<(GpuUuid, GpuUuid)>)] = &[
+        ("incomplete", vec![(g0, g1)]),
+        ("repeated new GPU", vec![(g0, g1), (g1, g1)]),
+        ("repeated old GPU", vec![(g0, g1), (g0, g0)]),
+        ("other chip", vec![(g0, g2), (g1, g0)]),
+        (
+            "unknown GPU",
+            vec![
+                (g0, uuid("GPU-99999999-9999-4999-8999-999999999999")),
+                (g1, g0),
+            ],
+        ),
+    ];
+    for (why, pairs) in refused {
+        assert_eq!(
+            driver::restore(pid, pairs),
+            Err(CUresult::ERROR_INVALID_VALUE),
+            "{why}"
+        );
+        assert_eq!(
+            driver::get_state(pid),
+            Ok(CUprocessState::CHECKPOINTED),
+            "{why} leaves the checkpoint intact"
+        );
+    }
+    driver::restore(pid, &[(g0, g1), (g1, g0)]).unwrap();
+    driver::unlock(pid).unwrap();
+    let line = w.verify(0, pid);
+    assert!(line.starts_with("PASS"), "{line}");
+    assert!(
+        line.ends_with(&format!("gpus={GPU1},{GPU0}")),
+        "allocations now live on the swapped GPUs: {line}"
+    );
+}
+
+#[test]
+fn lock_waits_for_calls_in_flight_and_blocks_new_ones() {
+    let _s = serial();
+    let mut w = TestWorld::new(&config(580, "[[fault]]\nfunction = \"cuMemcpyDtoH\"\nsticky = true\naction = { kind = \"delay\", ms = 400 }\n"));
+    let pid = w.spawn_app(&["--kib", "4", "--check-ms", "1"]);
+    // The workload is almost always inside a 400 ms copy: a 50 ms lock cannot get in.
+    let mut not_ready = 0;
+    for _ in 0..3 {
+        match driver::lock(pid, 50) {
+            Err(CUresult::ERROR_NOT_READY) => not_ready += 1,
+            Ok(()) => driver::unlock(pid).unwrap(),
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert!(
+        not_ready >= 2,
+        "locks should time out while a call is in flight ({not_ready}/3)"
+    );
+    driver::lock(pid, 3000).unwrap();
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::LOCKED));
+    driver::unlock(pid).unwrap();
+}
+
+#[test]
+fn the_trace_records_every_checkpoint_call() {
+    let _s = serial();
+    let mut w = TestWorld::new(&config(580, ""));
+    let pid = w.spawn_app(&["--kib", "4"]);
+    driver::lock(pid, 1000).unwrap();
+    driver::unlock(pid).unwrap();
+    let me = std::process::id();
+    let trace = w.world.read_trace();
+    assert!(
+        trace.contains(&format!(
+            "{me} cuCheckpointProcessLock(pid={pid}, timeoutMs=1000) = CUDA_SUCCESS"
+        )),
+        "{trace}"
+    );
+    assert!(
+        trace.contains(&format!(
+            "{me} cuCheckpointProcessUnlock(pid={pid}) = CUDA_SUCCESS"
+        )),
+        "{trace}"
+    );
+    assert!(
+        trace.contains(&format!("{pid} cuInit(flags=0) = CUDA_SUCCESS")),
+        "the workload's calls are traced too: {trace}"
+    );
+}

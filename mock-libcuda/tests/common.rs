@@ -1,0 +1,162 @@
+//! Shared test support: worlds in temporary directories and mock workloads in them.
+
+#![allow(dead_code)]
+
+use mock_libcuda::world::config::WorldConfig;
+use mock_libcuda::world::World;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The mock library built next to this package's binaries.
+pub fn mock_so() -> PathBuf {
+    // `cargo test` links the cdylib into deps/ without refreshing the copy next to the
+    // binaries, so that one may be stale.
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_mock-world"));
+    bin.parent()
+        .unwrap()
+        .join("deps")
+        .join("libmock_libcuda.so")
+}
+
+pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
+pub const GPU1: &str = "GPU-11111111-1111-4111-8111-111111111111";
+pub const GPU2: &str = "GPU-22222222-2222-4222-8222-222222222222";
+
+/// A world config with `branch` and two H100s (plus `extra` TOML appended).
+pub fn config(branch: u32, extra: &str) -> String {
+    format!(
+        r#"schema = 1
+[driver]
+branch = {branch}
+request_timeout_ms = 1500
+
+[[gpu]]
+uuid = "{GPU0}"
+name = "NVIDIA H100 80GB HBM3"
+memory_mib = 64
+chip = "GH100"
+
+[[gpu]]
+uuid = "{GPU1}"
+name = "NVIDIA H100 80GB HBM3"
+memory_mib = 64
+chip = "GH100"
+{extra}"#
+    )
+}
+
+/// Tests that use the driver API in this process share its environment: one at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A world in a temporary directory, selected for this process's driver calls.
+#[derive(Debug)]
+pub struct TestWorld {
+    pub dir: tempfile::TempDir,
+    pub world: World,
+    apps: Vec<Child>,
+}
+
+impl TestWorld {
+    pub fn new(config_text: &str) -> TestWorld {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = WorldConfig::parse(config_text, "test").unwrap();
+        let world = World::create(dir.path(), &cfg, &mock_so()).unwrap();
+        std::env::set_var("MOCK_CUDA_WORLD", dir.path());
+        TestWorld {
+            dir,
+            world,
+            apps: Vec::new(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn env(&self, cmd: &mut Command) {
+        cmd.env("MOCK_CUDA_WORLD", self.path())
+            .env("LD_LIBRARY_PATH", self.path().join("lib"));
+    }
+
+    /// Starts `mock-cuda-app` with `args`; waits for its READY line; returns its pid.
+    pub fn spawn_app(&mut self, args: &[&str]) -> i32 {
+        let report = self.path().join(format!("report-{}.txt", self.apps.len()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mock-cuda-app"));
+        cmd.args(args)
+            .arg("--report")
+            .arg(&report)
+            .stdout(Stdio::null());
+        self.env(&mut cmd);
+        let child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        self.apps.push(child);
+        wait_for(
+            Duration::from_secs(20),
+            || read(&report).contains("READY"),
+            "the workload to report READY",
+        );
+        pid
+    }
+
+    /// The report file of the `n`th workload.
+    pub fn report(&self, n: usize) -> String {
+        read(&self.path().join(format!("report-{n}.txt")))
+    }
+
+    /// Asks workload `n` (pid `pid`) to verify its data; returns its PASS/FAIL line.
+    pub fn verify(&self, n: usize, pid: i32) -> String {
+        let before = self.report(n).lines().count();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap();
+        wait_for(
+            Duration::from_secs(20),
+            || self.report(n).lines().count() > before,
+            "a verification line",
+        );
+        self.report(n).lines().nth(before).unwrap().to_owned()
+    }
+}
+
+impl Drop for TestWorld {
+    fn drop(&mut self) {
+        for c in &mut self.apps {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Names of the threads of `pid`.
+pub fn thread_names(pid: i32) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid: i32 = e.unwrap().file_name().to_string_lossy().parse().unwrap();
+        let comm = read(Path::new(&format!("/proc/{pid}/task/{tid}/comm")));
+        out.push((tid, comm.trim().to_owned()));
+    }
+    out
+}
