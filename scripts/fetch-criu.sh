@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# Fetch Debian's CRIU 4.1.x (trixie) and 4.2.x (sid, falling back to forky) into
+# target/criu/<version>/ without changing the system.
+#
+# The CI host (Debian bookworm) only packages CRIU 3.17, and its glibc (2.36) is too
+# old for Debian's 4.x criu binaries (they need GLIBC_2.38). So for each series this script
+#   1. resolves `criu` and its full run-time dependency closure (libc6 included) in
+#      the chosen Debian suite, using a private apt configuration under
+#      target/criu/apt (its own sources list, lists, cache and an empty dpkg status;
+#      /etc/apt/sources.list* and /var/lib/{apt,dpkg} are never read or written),
+#   2. downloads those .debs with `apt-get download` (apt checks the Release
+#      signature against the Debian archive keyring and every .deb's hash),
+#   3. unpacks them with `dpkg -x` into target/criu/<version>/ (nothing is installed),
+#   4. writes target/criu/<version>/criu, a wrapper that starts usr/sbin/criu through
+#      the bundled dynamic loader with --library-path pointing at the bundled
+#      libraries, so the binary never touches the host's glibc,
+#   5. checks the wrapper with `criu --version` (fatal) and, as root, `criu check`
+#      (a warning only: it depends on the kernel, not on this script), and
+#   6. rewrites target/criu/versions: one line per installed version,
+#      "<version> <absolute wrapper path>" (split at the first space).
+#
+# Running it again is a fast no-op while every wrapper is present and answers
+# --version. Options:
+#   --force   download and unpack again even if a working copy is present
+#   --smoke   also dump and restore a `setsid sleep` with each version (needs root)
+#   -h|--help print this help
+# Environment:
+#   CRIU_CUDA_CRIU_DIR        where to put everything (default: <repo>/target/criu)
+#   CRIU_CUDA_DEBIAN_MIRROR   Debian mirror URL (default: http://deb.debian.org/debian)
+#   CRIU_CUDA_DEBIAN_KEYRING  keyring for the Release files
+#                             (default: /usr/share/keyrings/debian-archive-keyring.gpg)
+set -euo pipefail
+
+die() {
+    printf 'fetch-criu: error: %s\n' "$*" >&2
+    exit 1
+}
+say() { printf 'fetch-criu: %s\n' "$*"; }
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+
+force=0
+smoke=0
+for arg in "$@"; do
+    case "$arg" in
+    --force) force=1 ;;
+    --smoke) smoke=1 ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *) die "unknown argument '$arg' (try --help)" ;;
+    esac
+done
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+out=${CRIU_CUDA_CRIU_DIR:-$repo/target/criu}
+mirror=${CRIU_CUDA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+keyring=${CRIU_CUDA_DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
+
+# Each entry: "<series> <suite> [<fallback suite>...]". The first suite whose criu
+# belongs to the series wins.
+series_list=(
+    "4.1 trixie"
+    "4.2 sid forky"
+)
+all_suites="trixie forky sid"
+
+marker_name=.criu-cuda-fetch
+
+# ---------------------------------------------------------------- preconditions
+
+[ "$(uname -s)" = Linux ] || die "Linux only (this is $(uname -s))"
+[ "$(uname -m)" = x86_64 ] || die "x86-64 only (this is $(uname -m)): the script fetches amd64 packages"
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd -P)
+
+# Serialise concurrent runs (e.g. two test runs started at once).
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"$out/.lock"
+    flock 9
+fi
+
+# ------------------------------------------------------------ idempotency check
+
+# wrapper_version WRAPPER: print the "x.y.z" that WRAPPER --version reports, or
+# nothing if it does not run.
+wrapper_version() {
+    local v
+    v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *//p' | head -n1) || true
+    printf '%s' "$v"
+}
+
+# present SERIES: print the directory of a working, previously fetched copy of
+# SERIES, or fail.
+present() {
+    local series=$1 m dir ver
+    for m in "$out"/*/"$marker_name"; do
+        [ -f "$m" ] || continue
+        grep -qx "series=$series" "$m" || continue
+        dir=$(dirname "$m")
+        ver=$(sed -n 's/^version=//p' "$m")
+        [ -x "$dir/criu" ] || continue
+        [ "$(wrapper_version "$dir/criu")" = "$ver" ] || continue
+        printf '%s' "$dir"
+        return 0
+    done
+    return 1
+}
+
+write_versions() {
+    local m dir tmp
+    tmp=$(mktemp "$out/.versions.XXXXXX")
+    for m in "$out"/*/"$marker_name"; do
+        [ -f "$m" ] || continue
+        dir=$(dirname "$m")
+        printf '%s %s\n' "$(sed -n 's/^version=//p' "$m")" "$dir/criu" >>"$tmp"
+    done
+    sort -V -o "$tmp" "$tmp"
+    mv -f "$tmp" "$out/versions"
+}
+
+todo=()
+for entry in "${series_list[@]}"; do
+    read -r series _ <<<"$entry"
+    if [ "$force" = 0 ] && dir=$(present "$series"); then
+        say "CRIU $series.x: $(basename "$dir") already present at $dir/criu (skipping; --force refetches)"
+    else
+        todo+=("$entry")
+    fi
+done
+
+# ------------------------------------------------------------- smoke dump/restore
+
+# smoke WRAPPER: dump a session leader `sleep` and restore it (detached).
+smoke() {
+    local criu=$1 dir pid
+    [ "$(id -u)" = 0 ] || die "--smoke needs root (CRIU has to ptrace the target)"
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/criu-cuda-smoke.XXXXXX")
+    # Start it as an orphaned session leader (so --shell-job is not needed), without
+    # our lock fd 9: CRIU refuses to dump tasks holding file locks.
+    pid=$(setsid sleep 1000 </dev/null >/dev/null 2>&1 9>&- & echo $!)
+    sleep 0.2
+    if ! "$criu" dump -t "$pid" -D "$dir" -v4 -o dump.log; then
+        kill -9 "$pid" 2>/dev/null || true
+        grep -E 'Error' "$dir/dump.log" >&2 || true
+        die "smoke: '$criu dump -t $pid -D $dir' failed (log: $dir/dump.log)"
+    fi
+    # The dump kills the task; pid 1 may reap it lazily, and restoring with the same
+    # pid needs it gone.
+    for _ in $(seq 100); do
+        [ -e "/proc/$pid" ] || break
+        sleep 0.05
+    done
+    if ! "$criu" restore -D "$dir" -d -v4 -o restore.log; then
+        grep -E 'Error' "$dir/restore.log" >&2 || true
+        die "smoke: '$criu restore -D $dir -d' failed (log: $dir/restore.log)"
+    fi
+    [ -e "/proc/$pid" ] || die "smoke: restore succeeded but pid $pid is not running"
+    kill -9 "$pid" 2>/dev/null || true
+    rm -rf "$dir"
+    say "smoke: dump + restore of pid $pid with $criu: ok"
+}
+
+if [ "${#todo[@]}" = 0 ]; then
+    write_versions
+    if [ "$smoke" = 1 ]; then
+        while read -r _ w; do smoke "$w"; done <"$out/versions"
+    fi
+    say "nothing to do; $out/versions:"
+    sed 's/^/  /' "$out/versions"
+    exit 0
+fi
+
+# --------------------------------------------------------------- private apt
+
+command -v apt-get >/dev/null 2>&1 || die "apt-get not found: this script needs a Debian-like host"
+command -v dpkg-deb >/dev/null 2>&1 || die "dpkg-deb not found: this script needs a Debian-like host"
+[ -r "$keyring" ] || die "Debian archive keyring $keyring not found; install it with 'apt-get install debian-archive-keyring' (or set CRIU_CUDA_DEBIAN_KEYRING)"
+
+apt_dir=$out/apt
+mkdir -p "$apt_dir/etc/sources.list.d" "$apt_dir/etc/preferences.d" \
+    "$apt_dir/state/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
+: >"$apt_dir/state/status"
+{
+    echo "# Written by scripts/fetch-criu.sh; used only through its private apt options."
+    for s in $all_suites; do
+        echo "deb [arch=amd64 signed-by=$keyring target=Packages] $mirror $s main"
+    done
+} >"$apt_dir/etc/sources.list"
+
+apt_opts=(
+    -o "Dir::Etc::SourceList=$apt_dir/etc/sources.list"
+    -o "Dir::Etc::SourceParts=$apt_dir/etc/sources.list.d"
+    -o "Dir::Etc::Preferences=$apt_dir/etc/preferences"
+    -o "Dir::Etc::PreferencesParts=$apt_dir/etc/preferences.d"
+    -o "Dir::State=$apt_dir/state"
+    -o "Dir::State::status=$apt_dir/state/status"
+    -o "Dir::Cache=$apt_dir/cache"
+    -o "APT::Architecture=amd64"
+    -o "APT::Architectures=amd64"
+    -o "Acquire::Languages=none"
+    -o "Acquire::Retries=3"
+    -q
+)
+if [ "$(id -u)" = 0 ]; then
+    # The files land in directories that the _apt user cannot write.
+    apt_opts+=(-o "APT::Sandbox::User=root")
+fi
+export DEBIAN_FRONTEND=noninteractive
+
+say "updating the private package lists ($all_suites from $mirror) under $apt_dir"
+if ! apt-get "${apt_opts[@]}" update >"$apt_dir/update.log" 2>&1; then
+    cat "$apt_dir/update.log" >&2
+    die "apt-get update with the private configuration failed (log above, also in $apt_dir/update.log)"
+fi
+if grep -E '^(W|E): ' "$apt_dir/update.log" >&2; then
+    die "apt-get update reported problems (see above); refusing to continue with possibly stale or unverified lists"
+fi
+
+# upstream_version DEBVERSION: "1:4.1.1-1" -> "4.1.1"
+upstream_version() {
+    local v=${1#*:}
+    printf '%s' "${v%-*}"
+}
+
+# ------------------------------------------------------------------ per series
+
+fetch_series() {
+    local series=$1
+    shift
+    local suite="" s cand debver ver sim pkgs debs stage dest loader libpath m f
+
+    for s in "$@"; do
+        cand=$(apt-cache "${apt_opts[@]}" madison criu 2>/dev/null |
+            awk -F'|' -v s="$s" '$3 ~ (" " s "/") {gsub(/ /, "", $2); print $2; exit}')
+        if [ -n "$cand" ] && [[ "$(upstream_version "$cand")" == "$series".* || "$(upstream_version "$cand")" == "$series" ]]; then
+            suite=$s
+            debver=$cand
+            break
+        fi
+        say "CRIU $series.x: suite $s has criu '${cand:-none}', not $series.x"
+    done
+    [ -n "$suite" ] || die "no Debian suite among '$*' ships criu $series.x any more; update series_list in scripts/fetch-criu.sh"
+    ver=$(upstream_version "$debver")
+    say "CRIU $series.x: using criu $debver from $suite"
+
+    # The dependency closure of criu in that suite, from a simulated install
+    # against an empty dpkg status (so every library comes from that suite and
+    # the result does not depend on what the host has installed).
+    if ! sim=$(apt-get "${apt_opts[@]}" -s -t "$suite" --no-install-recommends install "criu=$debver" 2>&1); then
+        printf '%s\n' "$sim" >&2
+        die "could not resolve criu $debver and its dependencies in $suite"
+    fi
+    pkgs=$(printf '%s\n' "$sim" | awk '/^Inst /{v=$3; gsub(/[()]/, "", v); print $2 "=" v}')
+    [ -n "$pkgs" ] || {
+        printf '%s\n' "$sim" >&2
+        die "apt resolved no packages for criu $debver in $suite"
+    }
+    say "CRIU $ver: packages: $(printf '%s\n' "$pkgs" | tr '\n' ' ')"
+
+    debs=$apt_dir/debs/$suite
+    rm -rf "$debs"
+    mkdir -p "$debs"
+    # shellcheck disable=SC2086 # one word per package
+    if ! (cd "$debs" && apt-get "${apt_opts[@]}" download $pkgs) >"$debs.log" 2>&1; then
+        cat "$debs.log" >&2
+        die "apt-get download failed for criu $debver ($suite)"
+    fi
+    [ "$(find "$debs" -name '*.deb' | wc -l)" = "$(printf '%s\n' "$pkgs" | wc -l)" ] ||
+        die "apt-get download did not produce one .deb per package in $debs"
+
+    stage=$(mktemp -d "$out/.stage-$ver.XXXXXX")
+    for f in "$debs"/*.deb; do
+        dpkg-deb -x "$f" "$stage" || die "dpkg-deb -x $f failed"
+    done
+    [ -x "$stage/usr/sbin/criu" ] || die "criu $debver has no usr/sbin/criu"
+
+    # Since trixie glibc lives under usr/lib (merged /usr); older layouts used lib/.
+    loader=""
+    for f in usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 lib/x86_64-linux-gnu/ld-linux-x86-64.so.2; do
+        if [ -f "$stage/$f" ] && [ ! -L "$stage/$f" ]; then
+            loader=$f
+            break
+        fi
+    done
+    [ -n "$loader" ] || die "no dynamic loader (ld-linux-x86-64.so.2) in the libc6 package of $suite"
+    # Expanded by the wrapper at run time, not here.
+    # shellcheck disable=SC2016
+    libpath='$here/usr/lib/x86_64-linux-gnu:$here/lib/x86_64-linux-gnu'
+
+    cat >"$stage/criu" <<EOF
+#!/bin/sh
+# Generated by scripts/fetch-criu.sh: Debian criu $debver ($suite), run through its own
+# glibc loader and the libraries unpacked next to this file; the host's libraries are
+# not used. Resolves its directory at run time, so the tree can be moved.
+here=\$(dirname "\$(readlink -f "\$0")")
+exec "\$here/$loader" --library-path "$libpath" "\$here/usr/sbin/criu" "\$@"
+EOF
+    chmod 755 "$stage/criu"
+
+    {
+        echo "series=$series"
+        echo "version=$ver"
+        echo "debian_version=$debver"
+        echo "suite=$suite"
+        echo "loader=$loader"
+        echo "fetched=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        printf '%s\n' "$pkgs" | sed 's/^/package=/'
+    } >"$stage/$marker_name"
+
+    dest=$out/$ver
+    rm -rf "$dest"
+    mv "$stage" "$dest"
+    # Drop older copies of the same series (e.g. 4.2.1 replacing 4.2.0).
+    for m in "$out"/*/"$marker_name"; do
+        [ -f "$m" ] || continue
+        [ "$(dirname "$m")" = "$dest" ] && continue
+        if grep -qx "series=$series" "$m"; then
+            say "CRIU $series.x: removing older copy $(dirname "$m")"
+            rm -rf "$(dirname "$m")"
+        fi
+    done
+
+    local got
+    got=$(wrapper_version "$dest/criu")
+    if [ "$got" != "$ver" ]; then
+        "$dest/criu" --version >&2 || true
+        rm -f "$dest/$marker_name"
+        die "$dest/criu --version did not report $ver (got '${got:-nothing}'; output above)"
+    fi
+    say "CRIU $ver: installed at $dest/criu ('criu --version' says $got)"
+
+    if [ "$(id -u)" = 0 ]; then
+        local check
+        if check=$("$dest/criu" check 2>&1); then
+            say "CRIU $ver: 'criu check': $(printf '%s' "$check" | tail -n1)"
+        else
+            printf '%s\n' "$check" | sed 's/^/  /' >&2
+            say "WARNING: CRIU $ver: '$dest/criu check' failed (output above); the kernel or sandbox may not support CRIU"
+        fi
+    else
+        say "CRIU $ver: not root, skipping 'criu check'"
+    fi
+}
+
+for entry in "${todo[@]}"; do
+    # shellcheck disable=SC2086 # "<series> <suite>..."
+    fetch_series $entry
+done
+
+write_versions
+if [ "$smoke" = 1 ]; then
+    while read -r _ w; do smoke "$w"; done <"$out/versions"
+fi
+say "done; $out/versions:"
+sed 's/^/  /' "$out/versions"
