@@ -563,12 +563,11 @@ fn resolve_target(pid: i32) -> R<i32> {
 /// The world's entry for a live CUDA process, dropping entries of processes that are gone
 /// (a process that dies without a checkpoint releases its GPU state, as with the driver).
 fn lookup(w: &World, tgid: i32) -> R<crate::world::state::ProcessEntry> {
-    let alive_start = crate::ffi::sys::start_time(tgid);
     let entry = w
         .update(|st| {
             let e = st.processes.get(&tgid)?;
-            let stale =
-                e.state() != CUprocessState::CHECKPOINTED && alive_start != Some(e.start_time);
+            let stale = e.state() != CUprocessState::CHECKPOINTED
+                && !crate::ffi::sys::has_restore_thread(tgid, e.restore_tid);
             if stale {
                 let gone = st.processes.remove(&tgid)?;
                 for a in &gone.allocations {
@@ -770,7 +769,7 @@ fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
             let _ = std::fs::remove_file(&req_path);
             return Err(CUresult::ERROR_TIMEOUT);
         }
-        if crate::ffi::sys::start_time(tgid).is_none() {
+        if !crate::ffi::sys::alive(tgid) {
             let _ = std::fs::remove_file(&req_path);
             return Err(CUresult::ERROR_INVALID_VALUE);
         }

@@ -146,7 +146,6 @@ pub fn ensure_registered(
         .recv_timeout(Duration::from_secs(5))
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
     let _ = rt.restore_tid.set(tid);
-    let start_time = crate::ffi::sys::start_time(pid).unwrap_or(0);
     let devices: Vec<GpuUuidText> = devices.iter().copied().map(GpuUuidText).collect();
     world
         .update(|st| {
@@ -155,7 +154,6 @@ pub fn ensure_registered(
                 crate::world::state::ProcessEntry {
                     state: CUprocessState::RUNNING.0,
                     restore_tid: tid,
-                    start_time,
                     devices,
                     contexts: Vec::new(),
                     allocations: Vec::new(),
@@ -225,11 +223,9 @@ impl Runtime {
     fn set_state(&self, g: &mut Gate, state: CUprocessState) -> CUresult {
         g.state = state;
         let pid = self.pid;
-        let start = crate::ffi::sys::start_time(pid).unwrap_or(0);
         let r = self.world.update(|st| {
             if let Some(e) = st.processes.get_mut(&pid) {
                 e.state = state.0;
-                e.start_time = start;
             }
         });
         self.cv.notify_all();
@@ -412,7 +408,6 @@ impl Runtime {
                 return Err(CUresult::ERROR_OPERATING_SYSTEM);
             }
         }
-        let start = crate::ffi::sys::start_time(pid).unwrap_or(0);
         world
             .update(|st| {
                 if let Some(e) = st.processes.get_mut(&pid) {
@@ -423,7 +418,6 @@ impl Runtime {
                         *d = GpuUuidText(target(d.0));
                     }
                     e.checkpointed.clear();
-                    e.start_time = start;
                 }
             })
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;

@@ -50,18 +50,23 @@ pub fn tgid_of(id: i32) -> Option<i32> {
     line["Tgid:".len()..].trim().parse().ok()
 }
 
-/// Start time (clock ticks after boot, field 22 of `/proc/PID/stat`) of a live, non-zombie
-/// process, which tells a pid apart from a later process reusing it.
+/// True when `pid` exists and is not a zombie.
 #[must_use]
-pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (state).
-    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
+pub fn alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+    !matches!(state, None | Some("Z" | "X"))
+}
+
+/// True when `tid` is a live thread of `pid` named like a CUDA restore thread (`cuda…`, not
+/// `cuda-EvtHandlr`): the mark of the same CUDA process, also after CRIU restored it (start
+/// times are not preserved by a restore), and never true for a process that reused the pid.
+#[must_use]
+pub fn has_restore_thread(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .is_ok_and(|c| c.starts_with("cuda") && !c.starts_with("cuda-"))
 }
 
 /// Kills `pid` with SIGKILL and waits (bounded) until it is gone or a zombie.
@@ -71,7 +76,7 @@ pub fn kill_and_wait(pid: i32, limit: Duration) {
         nix::sys::signal::Signal::SIGKILL,
     );
     let deadline = Instant::now() + limit;
-    while start_time(pid).is_some() && Instant::now() < deadline {
+    while alive(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
 }

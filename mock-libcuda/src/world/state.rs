@@ -51,8 +51,6 @@ pub struct ProcessEntry {
     pub state: u32,
     /// TID of the restore thread inside the process.
     pub restore_tid: i32,
-    /// Start time of the process (field 22 of `/proc/PID/stat`), to tell pid reuse apart.
-    pub start_time: u64,
     /// The process's device ordinals: ordinal -> GPU.
     pub devices: Vec<GpuUuidText>,
     /// GPUs the process created contexts on.
