@@ -85,6 +85,11 @@ impl TestWorld {
 
     /// Starts `mock-cuda-app` with `args`; waits for its READY line; returns its pid.
     pub fn spawn_app(&mut self, args: &[&str]) -> i32 {
+        self.spawn_app_env(args, &[])
+    }
+
+    /// [`TestWorld::spawn_app`] with extra environment variables.
+    pub fn spawn_app_env(&mut self, args: &[&str], env: &[(&str, &str)]) -> i32 {
         let report = self.path().join(format!("report-{}.txt", self.apps.len()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mock-cuda-app"));
         cmd.args(args)
@@ -92,12 +97,13 @@ impl TestWorld {
             .arg(&report)
             .stdout(Stdio::null());
         self.env(&mut cmd);
+        cmd.envs(env.iter().copied());
         let child = cmd.spawn().unwrap();
         let pid = child.id() as i32;
         self.apps.push(child);
         wait_for(
             Duration::from_secs(20),
-            || read(&report).contains("READY"),
+            || read(&report).contains("READY") || read(&report).contains("FAIL"),
             "the workload to report READY",
         );
         pid
