@@ -125,31 +125,23 @@ fn the_export_table_serves_the_command_line_only() {
     let _w = TestWorld::new(&config(550, ""));
     let mut t: *const c_void = std::ptr::null();
     // SAFETY: valid out-pointer and id.
-    assert_eq!(
-        unsafe { exports::cuGetExportTable(&mut t, &CHECKPOINT_CLI_EXPORT_TABLE_ID) },
-        CUresult::SUCCESS
-    );
+    let r = unsafe { exports::cuGetExportTable(&mut t, &CHECKPOINT_CLI_EXPORT_TABLE_ID) };
+    assert_eq!(r, CUresult::SUCCESS);
     // SAFETY: the table is a static `CheckpointCliExportTable`.
     let table = unsafe { &*t.cast::<abi::cuda::CheckpointCliExportTable>() };
     assert!(table.size >= abi::cuda::CHECKPOINT_CLI_EXPORT_TABLE_MIN_SIZE && table.run.is_some());
     let other = CUuuid { bytes: [7; 16] };
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { exports::cuGetExportTable(&mut t, &other) },
-        CUresult::ERROR_INVALID_VALUE
-    );
+    let r = unsafe { exports::cuGetExportTable(&mut t, &other) };
+    assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
     let mut v = 0;
     // SAFETY: valid out-pointer.
-    assert_eq!(
-        unsafe { exports::cuDriverGetVersion(&mut v) },
-        CUresult::SUCCESS
-    );
+    let r = unsafe { exports::cuDriverGetVersion(&mut v) };
+    assert_eq!(r, CUresult::SUCCESS);
     assert_eq!(v, 12040, "r550 reports CUDA 12.4");
     // SAFETY: NULL is the documented error case.
-    assert_eq!(
-        unsafe { exports::cuDriverGetVersion(std::ptr::null_mut()) },
-        CUresult::ERROR_INVALID_VALUE
-    );
+    let r = unsafe { exports::cuDriverGetVersion(std::ptr::null_mut()) };
+    assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
 }
 
 #[test]
@@ -167,16 +159,12 @@ fn gpu_pairs_are_reserved_bytes_before_cuda_13() {
         ..Default::default()
     };
     // SAFETY: valid args pointing at one valid pair.
-    assert_eq!(
-        unsafe { exports::cuCheckpointProcessRestore(pid, &mut args) },
-        CUresult::ERROR_INVALID_VALUE
-    );
+    let r = unsafe { exports::cuCheckpointProcessRestore(pid, &mut args) };
+    assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
     // Zero-filled arguments (or none) restore.
     // SAFETY: NULL args are documented as optional.
-    assert_eq!(
-        unsafe { exports::cuCheckpointProcessRestore(pid, std::ptr::null_mut()) },
-        CUresult::SUCCESS
-    );
+    let r = unsafe { exports::cuCheckpointProcessRestore(pid, std::ptr::null_mut()) };
+    assert_eq!(r, CUresult::SUCCESS);
     mock_libcuda::driver::unlock(pid).unwrap();
     assert!(w.verify(0, pid).starts_with("PASS"));
 }
