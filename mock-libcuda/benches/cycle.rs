@@ -1,0 +1,167 @@
+//! Cost of one lock + checkpoint + restore + unlock cycle of a mock workload, through the
+//! driver API and through the `cuda-checkpoint` utility, measured side by side in one run with
+//! interleaved rounds.
+//!
+//! `cargo bench -p mock-libcuda --bench cycle [-- --rounds N --kib K]`
+//!
+//! The utility is taken from `$CUDA_CHECKPOINT`, else `target/<profile>/cuda-checkpoint`
+//! (built with `cargo build -p fake-cuda-checkpoint` of the same profile if missing).
+
+use abi::CUprocessState;
+use mock_libcuda::driver;
+use mock_libcuda::world::config::WorldConfig;
+use mock_libcuda::world::World;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn profile_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_mock-cuda-app"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cuda_checkpoint() -> PathBuf {
+    if let Some(p) = std::env::var_os("CUDA_CHECKPOINT") {
+        return PathBuf::from(p);
+    }
+    let p = profile_dir().join("cuda-checkpoint");
+    if !p.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let release = profile_dir().ends_with("release");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "fake-cuda-checkpoint"]);
+        if release {
+            cmd.arg("--release");
+        }
+        assert!(
+            cmd.status().expect("running cargo").success(),
+            "building cuda-checkpoint"
+        );
+    }
+    p
+}
+
+fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (v[0], v[v.len() / 2])
+}
+
+fn cli(bin: &Path, world: &Path, args: &[&str]) {
+    let st = Command::new(bin)
+        .args(args)
+        .env("MOCK_CUDA_WORLD", world)
+        .env("LD_LIBRARY_PATH", world.join("lib"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "cuda-checkpoint {args:?} failed: {st}");
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let rounds = arg("--rounds", 30) as usize;
+    let kib = arg("--kib", 1024);
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "schema = 1\n[driver]\nbranch = 580\n[[gpu]]\nuuid = \"GPU-00000000-0000-4000-8000-000000000000\"\nname = \"bench\"\nmemory_mib = 4096\nchip = \"GH100\"\n"
+    );
+    let cfg = WorldConfig::parse(&text, "bench").unwrap();
+    let so = profile_dir().join("deps").join("libmock_libcuda.so");
+    let world = World::create(dir.path(), &cfg, &so).unwrap();
+    std::env::set_var("MOCK_CUDA_WORLD", world.dir());
+    let report = dir.path().join("report.txt");
+    let mut app = Command::new(env!("CARGO_BIN_EXE_mock-cuda-app"))
+        .args(["--kib", &kib.to_string(), "--report"])
+        .arg(&report)
+        .env("MOCK_CUDA_WORLD", world.dir())
+        .env("LD_LIBRARY_PATH", world.dir().join("lib"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = app.id() as i32;
+    while !std::fs::read_to_string(&report)
+        .unwrap_or_default()
+        .contains("READY")
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    driver::init(0).unwrap();
+    let bin = cuda_checkpoint();
+    let p = pid.to_string();
+    let mut api = Vec::new();
+    let mut util = Vec::new();
+    for round in 0..rounds {
+        let run_api = || {
+            let t = Instant::now();
+            driver::lock(pid, 10_000).unwrap();
+            driver::checkpoint(pid).unwrap();
+            driver::restore(pid, &[]).unwrap();
+            driver::unlock(pid).unwrap();
+            t.elapsed()
+        };
+        let run_cli = || {
+            let t = Instant::now();
+            for a in [
+                ["--action", "lock"],
+                ["--action", "checkpoint"],
+                ["--action", "restore"],
+                ["--action", "unlock"],
+            ] {
+                cli(&bin, world.dir(), &[a[0], a[1], "--pid", &p]);
+            }
+            t.elapsed()
+        };
+        // Alternate which goes first, so drift and warm-up hit both alike.
+        if round % 2 == 0 {
+            api.push(run_api());
+            util.push(run_cli());
+        } else {
+            util.push(run_cli());
+            api.push(run_api());
+        }
+        assert_eq!(driver::get_state(pid), Ok(CUprocessState::RUNNING));
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGUSR1,
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let verdict = std::fs::read_to_string(&report).unwrap_or_default();
+    let _ = app.kill();
+    let _ = app.wait();
+    assert!(
+        verdict.contains("PASS"),
+        "the workload's data must survive every cycle: {verdict}"
+    );
+    let (amin, amed) = stats(api);
+    let (cmin, cmed) = stats(util);
+    println!(
+        "lock+checkpoint+restore+unlock of a {kib} KiB mock workload, {rounds} interleaved rounds"
+    );
+    println!("{:<26} {:>10} {:>10}", "path", "min", "median");
+    println!(
+        "{:<26} {:>10.2?} {:>10.2?}",
+        "driver API (in process)", amin, amed
+    );
+    println!(
+        "{:<26} {:>10.2?} {:>10.2?}",
+        "cuda-checkpoint (4 runs)", cmin, cmed
+    );
+    println!(
+        "ratio cuda-checkpoint / API (median): {:.1}x",
+        cmed.as_secs_f64() / amed.as_secs_f64()
+    );
+}
