@@ -75,10 +75,8 @@ fn main() {
     let rounds = arg("--rounds", 30) as usize;
     let kib = arg("--kib", 1024);
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "schema = 1\n[driver]\nbranch = 580\n[[gpu]]\nuuid = \"GPU-00000000-0000-4000-8000-000000000000\"\nname = \"bench\"\nmemory_mib = 4096\nchip = \"GH100\"\n"
-    );
-    let cfg = WorldConfig::parse(&text, "bench").unwrap();
+    let text = "schema = 1\n[driver]\nbranch = 580\n[[gpu]]\nuuid = \"GPU-00000000-0000-4000-8000-000000000000\"\nname = \"bench\"\nmemory_mib = 4096\nchip = \"GH100\"\n";
+    let cfg = WorldConfig::parse(text, "bench").unwrap();
     let so = profile_dir().join("deps").join("libmock_libcuda.so");
     let world = World::create(dir.path(), &cfg, &so).unwrap();
     std::env::set_var("MOCK_CUDA_WORLD", world.dir());
