@@ -1,1 +1,59 @@
-//! `cuda_plugin.so`: the CRIU CUDA plugin (built out in the plugin issue).
+//! `cuda_plugin.so`: a CRIU plugin that checkpoints and restores the CUDA state of the processes
+//! CRIU dumps, through the CUDA driver API (`cuCheckpointProcess*`, CUDA 13.0+) or NVIDIA's
+//! `cuda-checkpoint` utility (r555+).
+//!
+//! # Design
+//!
+//! One `.so` loads into CRIU 4.1, 4.2 and the development lines: the descriptor declares every
+//! hook this project knows and a load-time constructor lowers `max_hooks` to the host's count
+//! ([`hooks`]). Nothing of CRIU or CUDA is linked: CRIU's services are found with
+//! `dlsym(RTLD_DEFAULT)` and `libcuda.so.1` is opened with `dlopen`, so a missing symbol degrades
+//! with a logged reason instead of aborting CRIU.
+//!
+//! The crate is layered so that everything but the thin FFI edge is plain, tested Rust:
+//!
+//! | Module | Role |
+//! |---|---|
+//! | [`ffi`] | **All** `unsafe` code: the descriptor, the constructor and the `extern "C"` entry points with their panic guard; CRIU's services; the driver library; ptrace; the child-process descriptor hygiene. |
+//! | [`session`] | What `init(stage)` decides: disabled or enabled, with which backend ([`select`]) and settings ([`options`], [`device_map`]). |
+//! | [`engine`] | The per-task lifecycle: PAUSE, CHECKPOINT, DUMP_FINISH/exit rollback, RESUME. |
+//! | [`backend`] | The [`backend::Backend`] trait and its two implementations. |
+//! | [`thread`] | The [`thread::ThreadControl`] seam: running only the restore thread of a stopped task. |
+//! | [`host`] | The [`host::Host`] seam: CRIU's logging, inventory and image files. |
+//! | [`image`] | The per-task image written at dump and read at restore. |
+//! | [`error`] | The top-level error and its single translation to a negative errno. |
+//! | [`env`](mod@env) | Every environment variable the plugin reads. |
+//!
+//! # Entry points and return values
+//!
+//! | Entry point | Returns |
+//! |---|---|
+//! | `init(stage)` | 0 (also when disabled); a negative errno for invalid options or when a required backend is unavailable |
+//! | PAUSE_DEVICES, CHECKPOINT_DEVICES, RESUME_DEVICES_LATE `(pid)` | 0 handled; `-ENOTSUP` not a CUDA task or plugin disabled; another negative errno on failure |
+//! | DUMP_FINISH `(ret)` (hook 16, where the host has it) | 0, or a negative errno when some task could not be put back |
+//! | `exit(stage, ret)` | nothing; at dump, runs the rollback if DUMP_FINISH did not |
+//!
+//! A panic in any entry point is caught, logged, and turned into -1 (`init`, hooks) or ignored
+//! (`exit`).
+
+#![deny(unsafe_code)]
+
+pub mod backend;
+pub mod device_map;
+pub mod engine;
+pub mod env;
+pub mod error;
+#[allow(unsafe_code)]
+pub mod ffi;
+pub mod hooks;
+pub mod host;
+pub mod image;
+pub mod options;
+pub mod select;
+pub mod session;
+pub mod thread;
+
+/// The plugin's name: the descriptor's `name`, the inventory entry and the option namespace.
+pub const PLUGIN_NAME: &str = "cuda_plugin";
+/// The plugin's version, for the init log.
+pub const PLUGIN_VERSION: &str = "0.2.0";

@@ -1,0 +1,693 @@
+//! The `cuda-checkpoint` backend: NVIDIA's utility (r555+), run once per operation.
+//!
+//! Every run passes an argv (no shell), captures stdout and stderr together (as CRIU's C plugin
+//! does), closes CRIU's descriptors in the child (see [`crate::ffi::spawn`]), and waits with a
+//! deadline: on timeout the child is killed with SIGKILL and reaped. NVIDIA notes that killing
+//! the utility mid-operation can leave the driver out of step; the lifecycle engine therefore
+//! re-queries the state before any rollback step.
+//!
+//! Runs are expensive (tens of milliseconds to seconds each), so the backend runs the utility as
+//! rarely as it can: the restore TID is cached per pid between hooks, and the engine avoids
+//! state queries where its records already know the answer. Per dump of N CUDA processes that is
+//! at most 4N+1 runs (the `-h` probe, then `--get-restore-tid`, `--get-state`, `lock` and
+//! `checkpoint` per process); per restore at most 2N+1 when the dump left per-task records.
+//!
+//! Capabilities come from `cuda-checkpoint -h`: `--action` must appear (r555+), and a device map
+//! needs `--device-map` (r580+).
+
+use super::{
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, ExitInfo, GpuPair, Op, Pid,
+    Tid,
+};
+use abi::CUprocessState;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The utility's file name, looked up in `PATH` when no `cuda-checkpoint=PATH` option is given.
+pub const PROGRAM: &str = "cuda-checkpoint";
+
+/// At most this much output is kept per run.
+const OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// What one run produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutput {
+    pub status: ExitInfo,
+    /// stdout and stderr, interleaved as written, lossily decoded, truncated to 64 KiB.
+    pub output: String,
+}
+
+/// Why a run produced no exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot start it: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("timed out after {0:?}; killed and reaped")]
+    TimedOut(Duration),
+    #[error("cannot wait for it: {0}")]
+    Wait(#[source] std::io::Error),
+}
+
+/// Runs a program to completion (the seam between the backend and real processes).
+pub trait CommandRunner: Send {
+    /// Runs `program args...`, waiting at most `deadline` (`None` = forever).
+    fn run(
+        &mut self,
+        program: &Path,
+        args: &[String],
+        deadline: Option<Duration>,
+    ) -> Result<RunOutput, RunError>;
+}
+
+/// The real runner: `std::process::Command`, one pipe for both output streams, `try_wait` polling.
+#[derive(Debug, Default)]
+pub struct ProcessRunner;
+
+impl CommandRunner for ProcessRunner {
+    fn run(
+        &mut self,
+        program: &Path,
+        args: &[String],
+        deadline: Option<Duration>,
+    ) -> Result<RunOutput, RunError> {
+        let (mut reader, writer) = crate::ffi::spawn::pipe().map_err(RunError::Spawn)?;
+        let writer2 = writer.try_clone().map_err(RunError::Spawn)?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(writer2);
+        crate::ffi::spawn::close_inherited_fds(&mut cmd);
+        let mut child = cmd.spawn().map_err(RunError::Spawn)?;
+        // Our copies of the write end must go, or the reader never sees EOF.
+        drop(cmd);
+        let collector = std::thread::Builder::new()
+            .name("cuda-plugin-out".into())
+            .spawn(move || {
+                let mut buf = Vec::new();
+                let _ = (&mut reader)
+                    .take(OUTPUT_LIMIT as u64)
+                    .read_to_end(&mut buf);
+                // Drain (and drop) anything beyond the limit so the child never blocks on a full pipe.
+                let _ = std::io::copy(&mut reader, &mut std::io::sink());
+                buf
+            });
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(RunError::Wait(e));
+                }
+            }
+            if let Some(d) = deadline {
+                if start.elapsed() >= d {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(RunError::TimedOut(d));
+                }
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        };
+        let output = match collector {
+            Ok(h) => h.join().unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        use std::os::unix::process::ExitStatusExt;
+        let status = match (status.code(), status.signal()) {
+            (Some(c), _) => ExitInfo::Code(c),
+            (None, Some(s)) => ExitInfo::Signal(s),
+            (None, None) => ExitInfo::Code(-1),
+        };
+        Ok(RunOutput {
+            status,
+            output: String::from_utf8_lossy(&output).into_owned(),
+        })
+    }
+}
+
+/// Finds `name` as an executable file in the `PATH`-style list `path`.
+#[must_use]
+pub fn find_in_path(path: Option<&OsStr>, name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// What `cuda-checkpoint -h` said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CliProbe {
+    /// Usable; `device_map` tells whether `--device-map` is supported.
+    Supported { program: PathBuf, device_map: bool },
+    /// Not usable here (absent, cannot run, too old).
+    Unsupported(String),
+    /// The probe itself failed (timed out).
+    Error(String),
+}
+
+/// Probes the utility: `program` is the `cuda-checkpoint=PATH` option, else it is searched in
+/// `path_env`. Counts as one execution.
+pub fn probe_cli(
+    program: Option<&Path>,
+    path_env: Option<&OsStr>,
+    runner: &mut dyn CommandRunner,
+    timeout: Option<Duration>,
+) -> CliProbe {
+    let program = match program {
+        Some(p) => p.to_path_buf(),
+        None => match find_in_path(path_env, PROGRAM) {
+            Some(p) => p,
+            None => return CliProbe::Unsupported(format!("{PROGRAM} not found in PATH")),
+        },
+    };
+    match runner.run(&program, &["-h".to_owned()], timeout) {
+        Err(RunError::TimedOut(d)) => {
+            CliProbe::Error(format!("`{} -h` timed out after {d:?}", program.display()))
+        }
+        Err(e) => CliProbe::Unsupported(format!("cannot run `{} -h`: {e}", program.display())),
+        Ok(out) if out.status != ExitInfo::Code(0) => CliProbe::Unsupported(format!(
+            "`{} -h` exited with {}: {}",
+            program.display(),
+            out.status,
+            out.output.trim()
+        )),
+        Ok(out) if !out.output.contains("--action") => CliProbe::Unsupported(format!(
+            "{} is too old: its help lacks --action (driver r555 or later needed)",
+            program.display()
+        )),
+        Ok(out) => CliProbe::Supported {
+            device_map: out.output.contains("--device-map"),
+            program,
+        },
+    }
+}
+
+/// The `cuda-checkpoint` backend.
+pub struct Cli {
+    program: PathBuf,
+    runner: Box<dyn CommandRunner>,
+    timeout: Option<Duration>,
+    device_map: bool,
+    tids: HashMap<Pid, Option<Tid>>,
+    executions: usize,
+}
+
+impl fmt::Debug for Cli {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cli")
+            .field("program", &self.program)
+            .field("timeout", &self.timeout)
+            .field("device_map", &self.device_map)
+            .field("executions", &self.executions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cli {
+    /// A backend running `program` through `runner`; `device_map` comes from the probe, and
+    /// `executions` starts at 1 to count the probe.
+    pub fn new(
+        program: PathBuf,
+        runner: Box<dyn CommandRunner>,
+        timeout: Option<Duration>,
+        device_map: bool,
+    ) -> Self {
+        Cli {
+            program,
+            runner,
+            timeout,
+            device_map,
+            tids: HashMap::new(),
+            executions: 1,
+        }
+    }
+
+    /// Runs of the utility so far, including the `-h` probe.
+    #[must_use]
+    pub fn executions(&self) -> usize {
+        self.executions
+    }
+
+    fn command_line(&self, args: &[String]) -> String {
+        let mut s = self.program.display().to_string();
+        for a in args {
+            s.push(' ');
+            s.push_str(a);
+        }
+        s
+    }
+
+    fn run(
+        &mut self,
+        op: Op,
+        pid: Pid,
+        args: Vec<String>,
+        deadline: Option<Duration>,
+    ) -> Result<RunOutput, BackendError> {
+        self.executions += 1;
+        match self.runner.run(&self.program, &args, deadline) {
+            Ok(out) => Ok(out),
+            Err(RunError::TimedOut(after)) => Err(BackendError::Timeout {
+                backend: BackendKind::CudaCheckpoint,
+                op,
+                pid,
+                after,
+            }),
+            Err(RunError::Spawn(source) | RunError::Wait(source)) => Err(BackendError::Spawn {
+                op,
+                pid,
+                program: self.program.display().to_string(),
+                source,
+            }),
+        }
+    }
+
+    fn action(&mut self, op: Op, pid: Pid, mut args: Vec<String>) -> Result<(), BackendError> {
+        let mut full = vec!["--action".to_owned(), action_word(op).to_owned()];
+        full.push("--pid".to_owned());
+        full.push(pid.to_string());
+        full.append(&mut args);
+        let deadline = op_deadline(op, self.timeout);
+        let out = self.run(op, pid, full.clone(), deadline)?;
+        if out.status == ExitInfo::Code(0) {
+            Ok(())
+        } else {
+            Err(BackendError::Exit {
+                op,
+                pid,
+                command: self.command_line(&full),
+                status: out.status,
+                output: out.output.trim().to_owned(),
+            })
+        }
+    }
+}
+
+fn action_word(op: Op) -> &'static str {
+    match op {
+        Op::Lock => "lock",
+        Op::Checkpoint => "checkpoint",
+        Op::Restore => "restore",
+        Op::Unlock => "unlock",
+        Op::Init | Op::GetRestoreTid | Op::GetState => "",
+    }
+}
+
+/// Formats GPU pairs the way `--device-map` takes them: `old=new,old=new`.
+#[must_use]
+pub fn device_map_arg(pairs: &[GpuPair]) -> String {
+    pairs
+        .iter()
+        .map(|(o, n)| format!("{o}={n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl Backend for Cli {
+    fn kind(&self) -> BackendKind {
+        BackendKind::CudaCheckpoint
+    }
+
+    fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError> {
+        if let Some(t) = self.tids.get(&pid) {
+            return Ok(*t);
+        }
+        let op = Op::GetRestoreTid;
+        let args = vec![
+            "--get-restore-tid".to_owned(),
+            "--pid".to_owned(),
+            pid.to_string(),
+        ];
+        let out = self.run(op, pid, args, op_deadline(op, self.timeout))?;
+        // A non-zero exit is what the utility does for a process without CUDA state.
+        let tid = if out.status == ExitInfo::Code(0) {
+            match out.output.split_whitespace().last().map(str::parse::<Tid>) {
+                Some(Ok(t)) if t > 0 => Some(t),
+                _ => {
+                    return Err(BackendError::BadOutput {
+                        backend: BackendKind::CudaCheckpoint,
+                        op,
+                        pid,
+                        output: out.output,
+                    })
+                }
+            }
+        } else {
+            None
+        };
+        self.tids.insert(pid, tid);
+        Ok(tid)
+    }
+
+    fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError> {
+        let op = Op::GetState;
+        let args = vec![
+            "--get-state".to_owned(),
+            "--pid".to_owned(),
+            pid.to_string(),
+        ];
+        let out = self.run(op, pid, args.clone(), op_deadline(op, self.timeout))?;
+        if out.status != ExitInfo::Code(0) {
+            return Err(BackendError::Exit {
+                op,
+                pid,
+                command: self.command_line(&args),
+                status: out.status,
+                output: out.output.trim().to_owned(),
+            });
+        }
+        let word = out.output.split_whitespace().next().unwrap_or("");
+        CUprocessState::from_cli_word(word).ok_or_else(|| BackendError::BadOutput {
+            backend: BackendKind::CudaCheckpoint,
+            op,
+            pid,
+            output: out.output.clone(),
+        })
+    }
+
+    fn lock(&mut self, pid: Pid, timeout: Option<Duration>) -> Result<(), BackendError> {
+        let ms = lock_timeout_ms(timeout);
+        let args = if ms == 0 {
+            Vec::new()
+        } else {
+            vec!["--timeout".to_owned(), ms.to_string()]
+        };
+        let saved = self.timeout;
+        // The deadline follows the lock's own timeout, not the generic one.
+        self.timeout = timeout;
+        let r = self.action(Op::Lock, pid, args);
+        self.timeout = saved;
+        r
+    }
+
+    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
+        self.action(Op::Checkpoint, pid, Vec::new())
+    }
+
+    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
+        if pairs.is_empty() {
+            return self.action(Op::Restore, pid, Vec::new());
+        }
+        if !self.device_map {
+            return Err(BackendError::Unsupported {
+                backend: BackendKind::CudaCheckpoint,
+                op: Op::Restore,
+                pid,
+                what: "this cuda-checkpoint has no --device-map (driver r580 or later needed)",
+            });
+        }
+        self.action(
+            Op::Restore,
+            pid,
+            vec!["--device-map".to_owned(), device_map_arg(pairs)],
+        )
+    }
+
+    fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
+        self.action(Op::Unlock, pid, Vec::new())
+    }
+
+    fn executions(&self) -> Option<usize> {
+        Some(self.executions)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    /// One recorded run: argv after the program, and the deadline.
+    type Call = (Vec<String>, Option<Duration>);
+
+    /// Records every argv and answers from a script (default: exit 0, empty output).
+    #[derive(Clone, Default)]
+    pub(crate) struct ScriptedRunner {
+        pub calls: Arc<Mutex<Vec<Call>>>,
+        pub answers: Arc<Mutex<VecDeque<Result<RunOutput, RunError>>>>,
+    }
+
+    impl ScriptedRunner {
+        pub(crate) fn answer(&self, code: i32, output: &str) {
+            self.answers.lock().unwrap().push_back(Ok(RunOutput {
+                status: ExitInfo::Code(code),
+                output: output.to_owned(),
+            }));
+        }
+        pub(crate) fn answer_err(&self, e: RunError) {
+            self.answers.lock().unwrap().push_back(Err(e));
+        }
+        pub(crate) fn argvs(&self) -> Vec<String> {
+            self.calls
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(a, _)| a.join(" "))
+                .collect()
+        }
+    }
+
+    impl CommandRunner for ScriptedRunner {
+        fn run(
+            &mut self,
+            _program: &Path,
+            args: &[String],
+            deadline: Option<Duration>,
+        ) -> Result<RunOutput, RunError> {
+            self.calls.lock().unwrap().push((args.to_vec(), deadline));
+            self.answers
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Ok(RunOutput {
+                    status: ExitInfo::Code(0),
+                    output: String::new(),
+                }))
+        }
+    }
+
+    const HELP_555: &str = "CUDA checkpoint and restore utility.\nOperations:\n  --get-state --pid <pid>\n  --action lock | checkpoint | restore | unlock --pid <pid> [--timeout <ms>]\n";
+    const HELP_580: &str = "CUDA checkpoint and restore utility.\n  --action lock | checkpoint | restore | unlock --pid <pid> [--timeout <ms>] [--device-map <uuids>]\nOptions:\n  --device-map|-d <deviceUuids>\n";
+    const HELP_550: &str = "CUDA checkpoint utility\n  --toggle --pid <value>\n  --help\n";
+
+    #[test]
+    fn probe_reads_capabilities_from_help() {
+        let r = ScriptedRunner::default();
+        let mut run = r.clone();
+        let p = Path::new("/x/cuda-checkpoint");
+        r.answer(0, HELP_555);
+        assert_eq!(
+            probe_cli(Some(p), None, &mut run, None),
+            CliProbe::Supported {
+                program: p.into(),
+                device_map: false
+            }
+        );
+        r.answer(0, HELP_580);
+        assert_eq!(
+            probe_cli(Some(p), None, &mut run, None),
+            CliProbe::Supported {
+                program: p.into(),
+                device_map: true
+            }
+        );
+        r.answer(0, HELP_550);
+        assert!(
+            matches!(probe_cli(Some(p), None, &mut run, None), CliProbe::Unsupported(m) if m.contains("--action"))
+        );
+        r.answer(255, "Insufficient driver");
+        assert!(
+            matches!(probe_cli(Some(p), None, &mut run, None), CliProbe::Unsupported(m) if m.contains("Insufficient"))
+        );
+        r.answer_err(RunError::Spawn(std::io::Error::from(
+            std::io::ErrorKind::NotFound,
+        )));
+        assert!(matches!(
+            probe_cli(Some(p), None, &mut run, None),
+            CliProbe::Unsupported(_)
+        ));
+        r.answer_err(RunError::TimedOut(Duration::from_secs(1)));
+        assert!(
+            matches!(probe_cli(Some(p), None, &mut run, None), CliProbe::Error(_)),
+            "a hanging probe is an error"
+        );
+        assert!(r.argvs().iter().all(|a| a == "-h"));
+        let p = probe_cli(None, Some(OsStr::new("/nonexistent-dir")), &mut run, None);
+        assert!(matches!(p, CliProbe::Unsupported(m) if m.contains("not found in PATH")));
+    }
+
+    #[test]
+    fn argv_per_operation_and_tid_cache() {
+        let r = ScriptedRunner::default();
+        let mut b = Cli::new(
+            "/cc".into(),
+            Box::new(r.clone()),
+            Some(Duration::from_secs(10)),
+            true,
+        );
+        r.answer(0, "4242\n");
+        assert_eq!(b.get_restore_tid(42).unwrap(), Some(4242));
+        assert_eq!(
+            b.get_restore_tid(42).unwrap(),
+            Some(4242),
+            "cached: no second run"
+        );
+        r.answer(1, "Error initializing CUDA");
+        assert_eq!(
+            b.get_restore_tid(7).unwrap(),
+            None,
+            "non-zero exit = no CUDA"
+        );
+        assert_eq!(b.get_restore_tid(7).unwrap(), None);
+        r.answer(0, "locked\n");
+        assert_eq!(b.get_state(42).unwrap(), CUprocessState::LOCKED);
+        b.lock(42, Some(Duration::from_secs(3))).unwrap();
+        b.lock(42, None).unwrap();
+        b.checkpoint(42).unwrap();
+        let (a, c) = (abi::GpuUuid([0xaa; 16]), abi::GpuUuid([0xbb; 16]));
+        b.restore(42, &[(a, c)]).unwrap();
+        b.restore(42, &[]).unwrap();
+        b.unlock(42).unwrap();
+        assert_eq!(
+            r.argvs(),
+            vec![
+                "--get-restore-tid --pid 42".to_owned(),
+                "--get-restore-tid --pid 7".into(),
+                "--get-state --pid 42".into(),
+                "--action lock --pid 42 --timeout 3000".into(),
+                "--action lock --pid 42".into(),
+                "--action checkpoint --pid 42".into(),
+                format!("--action restore --pid 42 --device-map {a}={c}"),
+                "--action restore --pid 42".into(),
+                "--action unlock --pid 42".into(),
+            ]
+        );
+        let deadlines: Vec<_> = r.calls.lock().unwrap().iter().map(|(_, d)| *d).collect();
+        assert_eq!(
+            deadlines[3],
+            Some(Duration::from_secs(5)),
+            "lock waits its timeout plus grace"
+        );
+        assert_eq!(deadlines[4], None, "lock without timeout waits forever");
+        assert_eq!(deadlines[5], Some(Duration::from_secs(10)));
+        assert_eq!(b.executions(), 1 + 9);
+    }
+
+    #[test]
+    fn failures_name_step_pid_backend_and_probable_code() {
+        let r = ScriptedRunner::default();
+        let mut b = Cli::new("/cc".into(), Box::new(r.clone()), None, false);
+        r.answer(88, "Could not lock on process ID 5: \"device not ready\"");
+        let e = b.lock(5, Some(Duration::from_secs(1))).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("lock pid 5 via cuda-checkpoint"), "{m}");
+        assert!(m.contains("CUDA_ERROR_NOT_READY"), "{m}");
+        assert!(m.contains("device not ready"), "{m}");
+        r.answer_err(RunError::TimedOut(Duration::from_secs(1)));
+        assert!(b.checkpoint(5).unwrap_err().is_timeout());
+        r.answer(0, "bogus");
+        assert!(matches!(
+            b.get_state(5).unwrap_err(),
+            BackendError::BadOutput { .. }
+        ));
+        r.answer(0, "not-a-number");
+        assert!(matches!(
+            b.get_restore_tid(5).unwrap_err(),
+            BackendError::BadOutput { .. }
+        ));
+        let pair = (abi::GpuUuid([1; 16]), abi::GpuUuid([2; 16]));
+        let e = b.restore(5, &[pair]).unwrap_err();
+        assert!(e.to_string().contains("--device-map"), "{e}");
+    }
+
+    #[test]
+    fn real_runner_captures_both_streams_and_kills_on_timeout() {
+        let sh = Path::new("/bin/sh");
+        let mut r = ProcessRunner;
+        let out = r
+            .run(
+                sh,
+                &["-c".into(), "echo out; echo err >&2; exit 3".into()],
+                Some(Duration::from_secs(20)),
+            )
+            .unwrap();
+        assert_eq!(out.status, ExitInfo::Code(3));
+        assert!(
+            out.output.contains("out") && out.output.contains("err"),
+            "{:?}",
+            out.output
+        );
+        let start = Instant::now();
+        let e = r
+            .run(
+                sh,
+                &["-c".into(), "sleep 30".into()],
+                Some(Duration::from_millis(200)),
+            )
+            .unwrap_err();
+        assert!(matches!(e, RunError::TimedOut(_)), "{e:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "killed, not waited for"
+        );
+        let e = r
+            .run(Path::new("/nonexistent/cuda-checkpoint"), &[], None)
+            .unwrap_err();
+        assert!(matches!(e, RunError::Spawn(_)), "{e:?}");
+    }
+
+    #[test]
+    fn real_runner_does_not_leak_descriptors_into_the_child() {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open("/dev/null").unwrap();
+        // Clear CLOEXEC the way an inherited CRIU service descriptor would look.
+        let fd = f.as_raw_fd();
+        crate::ffi::spawn::clear_cloexec_for_test(fd);
+        let out = ProcessRunner
+            .run(
+                Path::new("/bin/sh"),
+                &[
+                    "-c".into(),
+                    format!("test -e /proc/self/fd/{fd} && echo leaked || echo closed"),
+                ],
+                Some(Duration::from_secs(20)),
+            )
+            .unwrap();
+        assert_eq!(
+            out.output.trim(),
+            "closed",
+            "descriptor {fd} reached the child"
+        );
+    }
+
+    #[test]
+    fn finds_executables_in_path() {
+        let dir = std::env::temp_dir().join(format!("cuda-plugin-path-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join(PROGRAM);
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = std::env::join_paths(["/nonexistent", dir.to_str().unwrap()]).unwrap();
+        assert_eq!(find_in_path(Some(&path), PROGRAM), None, "not executable");
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(find_in_path(Some(&path), PROGRAM), Some(exe));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

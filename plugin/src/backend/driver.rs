@@ -1,0 +1,577 @@
+//! The driver-API backend: `cuCheckpointProcess*` from `libcuda.so.1`.
+//!
+//! The library is opened at run time by [`crate::ffi::cuda`] (normal loader search, so
+//! `LD_LIBRARY_PATH` works) and reaches this module as a [`CudaDriver`]: plain safe methods that
+//! return the raw `CUresult`.
+//!
+//! # Timeouts and abandoned calls
+//!
+//! A driver call can block: the work is done by the target's restore thread, and if that thread
+//! cannot run (stopped, or wedged in the driver) the caller waits forever. So every call runs on a
+//! fresh worker thread and the hook waits on a channel for at most the operation's deadline
+//! ([`super::op_deadline`]). On timeout the hook returns [`BackendError::Timeout`] and the worker
+//! is *abandoned*: it keeps its (shared) handle on the driver and finishes whenever the driver
+//! returns. At most one call is outstanding: while an abandoned call is still blocked, every
+//! further call fails at once with [`BackendError::Busy`] instead of queueing behind it. Because
+//! CRIU `dlclose`s plugins after `exit`, an abandonment also calls the `on_abandon` hook, which the
+//! FFI layer uses to pin this library in memory (`RTLD_NODELETE`) so the worker never returns into
+//! unmapped code.
+
+use super::{
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, GpuPair, Op, Pid, Tid,
+};
+use abi::cuda::GPU_PAIRS_MIN_DRIVER_VERSION;
+use abi::{CUcheckpointGpuPair, CUprocessState, CUresult};
+use std::fmt;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The oldest driver this backend accepts: CUDA 13.0 (r580), the first whose restore arguments
+/// carry GPU pairs.
+pub const MIN_DRIVER_VERSION: i32 = GPU_PAIRS_MIN_DRIVER_VERSION;
+
+/// The driver entry points this backend needs, as safe calls returning the raw code.
+pub trait CudaDriver: Send + Sync + 'static {
+    /// `cuDriverGetVersion`.
+    fn driver_version(&self) -> Result<i32, CUresult>;
+    /// `cuInit(0)`.
+    fn init(&self) -> CUresult;
+    /// `cuCheckpointProcessGetRestoreThreadId`.
+    fn restore_tid(&self, pid: Pid) -> Result<i32, CUresult>;
+    /// `cuCheckpointProcessGetState`.
+    fn state(&self, pid: Pid) -> Result<CUprocessState, CUresult>;
+    /// `cuCheckpointProcessLock` with `timeoutMs` (0 = none).
+    fn lock(&self, pid: Pid, timeout_ms: u32) -> CUresult;
+    /// `cuCheckpointProcessCheckpoint` with zeroed arguments.
+    fn checkpoint(&self, pid: Pid) -> CUresult;
+    /// `cuCheckpointProcessRestore`, with `pairs` when non-empty.
+    fn restore(&self, pid: Pid, pairs: &[CUcheckpointGpuPair]) -> CUresult;
+    /// `cuCheckpointProcessUnlock` with zeroed arguments.
+    fn unlock(&self, pid: Pid) -> CUresult;
+}
+
+/// Why the driver library could not be used at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot load libcuda.so.1: {0}")]
+    LibraryAbsent(String),
+    #[error("libcuda.so.1 lacks {0}")]
+    SymbolMissing(&'static str),
+}
+
+/// The outcome of probing the driver API.
+pub enum DriverProbe {
+    /// Usable. `init` holds the `cuInit(0)` result when the probe was asked to initialise.
+    Supported {
+        driver: Arc<dyn CudaDriver>,
+        version: i32,
+        init: Option<CUresult>,
+    },
+    /// Not usable here, and that is a normal situation (auto may fall back).
+    Unsupported(String),
+    /// The probe itself failed; auto must not silently switch backends.
+    Error(String),
+}
+
+impl fmt::Debug for DriverProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DriverProbe::Supported { version, init, .. } => f
+                .debug_struct("Supported")
+                .field("version", version)
+                .field("init", init)
+                .finish_non_exhaustive(),
+            DriverProbe::Unsupported(r) => f.debug_tuple("Unsupported").field(r).finish(),
+            DriverProbe::Error(r) => f.debug_tuple("Error").field(r).finish(),
+        }
+    }
+}
+
+/// Classifies a load attempt: absent library or missing symbols are *unsupported*; a failing
+/// `cuDriverGetVersion` is an *error*; a version below [`MIN_DRIVER_VERSION`] is unsupported.
+/// With `call_init` (restore needs an initialised driver in the caller, or persistence mode),
+/// `cuInit(0)` is called and its result reported, not judged.
+pub fn probe_driver(load: Result<Arc<dyn CudaDriver>, LoadError>, call_init: bool) -> DriverProbe {
+    let driver = match load {
+        Ok(d) => d,
+        Err(e) => return DriverProbe::Unsupported(e.to_string()),
+    };
+    let version = match driver.driver_version() {
+        Ok(v) => v,
+        Err(code) => return DriverProbe::Error(format!("cuDriverGetVersion failed: {code}")),
+    };
+    if version < MIN_DRIVER_VERSION {
+        return DriverProbe::Unsupported(format!(
+            "driver reports CUDA version {version}, the driver API backend needs {MIN_DRIVER_VERSION} or later"
+        ));
+    }
+    let init = call_init.then(|| driver.init());
+    DriverProbe::Supported {
+        driver,
+        version,
+        init,
+    }
+}
+
+/// Called when a worker is abandoned (see the module docs).
+pub type AbandonHook = Arc<dyn Fn() + Send + Sync>;
+
+/// The driver-API backend.
+pub struct DriverApi {
+    driver: Arc<dyn CudaDriver>,
+    /// Description of the outstanding (abandoned) call, if any.
+    busy: Arc<Mutex<Option<String>>>,
+    on_abandon: AbandonHook,
+    /// The per-operation timeout (`None` = forever).
+    timeout: Option<Duration>,
+    /// `cuInit(0)` succeeded in this process (restore needs it, also during a dump's rollback).
+    initialized: bool,
+}
+
+impl fmt::Debug for DriverApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DriverApi")
+            .field("busy", &self.busy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Clears the busy marker when the worker finishes, even by panic.
+struct BusyGuard(Arc<Mutex<Option<String>>>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+}
+
+impl DriverApi {
+    /// A backend over `driver` with a per-operation `timeout` (`None` = forever);
+    /// `on_abandon` runs whenever a call is abandoned on timeout.
+    pub fn new(
+        driver: Arc<dyn CudaDriver>,
+        timeout: Option<Duration>,
+        on_abandon: AbandonHook,
+    ) -> Self {
+        DriverApi {
+            driver,
+            busy: Arc::new(Mutex::new(None)),
+            on_abandon,
+            timeout,
+            initialized: false,
+        }
+    }
+
+    /// True while an abandoned call is still blocked in the driver.
+    #[must_use]
+    pub fn has_outstanding_call(&self) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn call<T: Send + 'static>(
+        &self,
+        op: Op,
+        pid: Pid,
+        deadline: Option<Duration>,
+        f: impl FnOnce(&dyn CudaDriver) -> T + Send + 'static,
+    ) -> Result<T, BackendError> {
+        {
+            let mut busy = self
+                .busy
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(blocked) = busy.as_ref() {
+                return Err(BackendError::Busy {
+                    op,
+                    pid,
+                    blocked: blocked.clone(),
+                });
+            }
+            *busy = Some(format!("{op} pid {pid}"));
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        let driver = Arc::clone(&self.driver);
+        let guard = BusyGuard(Arc::clone(&self.busy));
+        let spawned = std::thread::Builder::new()
+            .name("cuda-plugin-drv".into())
+            .spawn(move || {
+                let r = f(&*driver);
+                drop(guard);
+                let _ = tx.send(r);
+            });
+        if spawned.is_err() {
+            // The closure (and its guard) was dropped, so `busy` is clear again.
+            return Err(BackendError::Unsupported {
+                backend: BackendKind::DriverApi,
+                op,
+                pid,
+                what: "cannot start a worker thread",
+            });
+        }
+        let received = match deadline {
+            Some(d) => rx.recv_timeout(d).map_err(|e| match e {
+                mpsc::RecvTimeoutError::Timeout => Some(d),
+                mpsc::RecvTimeoutError::Disconnected => None,
+            }),
+            None => rx.recv().map_err(|_| None),
+        };
+        match received {
+            Ok(v) => Ok(v),
+            Err(Some(after)) => {
+                (self.on_abandon)();
+                Err(BackendError::Timeout {
+                    backend: BackendKind::DriverApi,
+                    op,
+                    pid,
+                    after,
+                })
+            }
+            Err(None) => Err(BackendError::Unsupported {
+                backend: BackendKind::DriverApi,
+                op,
+                pid,
+                what: "the driver call panicked",
+            }),
+        }
+    }
+
+    fn code(op: Op, pid: Pid, code: CUresult) -> Result<(), BackendError> {
+        if code.is_success() {
+            Ok(())
+        } else {
+            Err(BackendError::Cuda {
+                backend: BackendKind::DriverApi,
+                op,
+                pid,
+                code,
+            })
+        }
+    }
+}
+
+impl Backend for DriverApi {
+    fn kind(&self) -> BackendKind {
+        BackendKind::DriverApi
+    }
+
+    fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError> {
+        let op = Op::GetRestoreTid;
+        match self.call(op, pid, op_deadline(op, self.timeout), move |d| {
+            d.restore_tid(pid)
+        })? {
+            Ok(tid) if tid > 0 => Ok(Some(tid)),
+            Ok(_) => Ok(None),
+            // What callers of the API observe for a process without CUDA state.
+            Err(CUresult::ERROR_INVALID_VALUE | CUresult::ERROR_NOT_INITIALIZED) => Ok(None),
+            Err(code) => DriverApi::code(op, pid, code).map(|()| None),
+        }
+    }
+
+    fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError> {
+        let op = Op::GetState;
+        match self.call(op, pid, op_deadline(op, self.timeout), move |d| {
+            d.state(pid)
+        })? {
+            Ok(s) => Ok(s),
+            Err(code) => Err(BackendError::Cuda {
+                backend: BackendKind::DriverApi,
+                op,
+                pid,
+                code,
+            }),
+        }
+    }
+
+    fn lock(&mut self, pid: Pid, timeout: Option<Duration>) -> Result<(), BackendError> {
+        let op = Op::Lock;
+        let ms = lock_timeout_ms(timeout);
+        let code = self.call(op, pid, op_deadline(op, timeout), move |d| d.lock(pid, ms))?;
+        DriverApi::code(op, pid, code)
+    }
+
+    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
+        let op = Op::Checkpoint;
+        let code = self.call(op, pid, op_deadline(op, self.timeout), move |d| {
+            d.checkpoint(pid)
+        })?;
+        DriverApi::code(op, pid, code)
+    }
+
+    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
+        if !self.initialized {
+            // Restore needs an initialised driver in the caller (or persistence mode); a dump's
+            // rollback restores too, so initialise lazily here rather than in the probe.
+            let op = Op::Init;
+            let code = self.call(op, pid, op_deadline(op, self.timeout), |d| d.init())?;
+            DriverApi::code(op, pid, code)?;
+            self.initialized = true;
+        }
+        let op = Op::Restore;
+        let pairs: Vec<CUcheckpointGpuPair> = pairs
+            .iter()
+            .map(|(old, new)| CUcheckpointGpuPair {
+                old_uuid: old.to_cu(),
+                new_uuid: new.to_cu(),
+            })
+            .collect();
+        let code = self.call(op, pid, op_deadline(op, self.timeout), move |d| {
+            d.restore(pid, &pairs)
+        })?;
+        DriverApi::code(op, pid, code)
+    }
+
+    fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
+        let op = Op::Unlock;
+        let code = self.call(op, pid, op_deadline(op, self.timeout), move |d| {
+            d.unlock(pid)
+        })?;
+        DriverApi::code(op, pid, code)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A scripted driver: fixed version, optional failure of the version query, per-op codes
+    /// and an optional per-op delay.
+    #[derive(Default)]
+    pub(crate) struct FakeDriver {
+        pub version: Option<i32>,
+        pub version_error: Option<CUresult>,
+        pub tid: Option<Result<i32, CUresult>>,
+        pub delay: Option<Duration>,
+        pub lock_code: Option<CUresult>,
+        pub seen_lock_ms: Mutex<Option<u32>>,
+        pub seen_pairs: Mutex<Vec<CUcheckpointGpuPair>>,
+        pub inits: AtomicUsize,
+    }
+
+    impl CudaDriver for FakeDriver {
+        fn driver_version(&self) -> Result<i32, CUresult> {
+            match self.version_error {
+                Some(e) => Err(e),
+                None => Ok(self.version.unwrap_or(13000)),
+            }
+        }
+        fn init(&self) -> CUresult {
+            self.inits.fetch_add(1, Ordering::SeqCst);
+            CUresult::SUCCESS
+        }
+        fn restore_tid(&self, pid: Pid) -> Result<i32, CUresult> {
+            if let Some(d) = self.delay {
+                std::thread::sleep(d);
+            }
+            self.tid.unwrap_or(Ok(pid + 1))
+        }
+        fn state(&self, _pid: Pid) -> Result<CUprocessState, CUresult> {
+            Ok(CUprocessState::RUNNING)
+        }
+        fn lock(&self, _pid: Pid, timeout_ms: u32) -> CUresult {
+            *self.seen_lock_ms.lock().unwrap() = Some(timeout_ms);
+            self.lock_code.unwrap_or(CUresult::SUCCESS)
+        }
+        fn checkpoint(&self, _pid: Pid) -> CUresult {
+            CUresult::SUCCESS
+        }
+        fn restore(&self, _pid: Pid, pairs: &[CUcheckpointGpuPair]) -> CUresult {
+            *self.seen_pairs.lock().unwrap() = pairs.to_vec();
+            CUresult::SUCCESS
+        }
+        fn unlock(&self, _pid: Pid) -> CUresult {
+            CUresult::SUCCESS
+        }
+    }
+
+    fn backend(d: FakeDriver, op: Option<Duration>) -> (DriverApi, Arc<AtomicUsize>) {
+        let abandoned = Arc::new(AtomicUsize::new(0));
+        let a = Arc::clone(&abandoned);
+        let api = DriverApi::new(
+            Arc::new(d),
+            op,
+            Arc::new(move || {
+                a.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        (api, abandoned)
+    }
+
+    #[test]
+    fn probe_classifies_versions_and_failures() {
+        let load = |d: FakeDriver| -> Result<Arc<dyn CudaDriver>, LoadError> { Ok(Arc::new(d)) };
+        for (v, ok) in [
+            (12080, false),
+            (12090, false),
+            (12999, false),
+            (13000, true),
+            (13040, true),
+        ] {
+            let p = probe_driver(
+                load(FakeDriver {
+                    version: Some(v),
+                    ..Default::default()
+                }),
+                false,
+            );
+            assert_eq!(
+                matches!(p, DriverProbe::Supported { version, init: None, .. } if version == v),
+                ok,
+                "version {v}: {p:?}"
+            );
+            if !ok {
+                assert!(
+                    matches!(p, DriverProbe::Unsupported(ref r) if r.contains("13000")),
+                    "{p:?}"
+                );
+            }
+        }
+        let p = probe_driver(
+            load(FakeDriver {
+                version_error: Some(CUresult::ERROR_UNKNOWN),
+                ..Default::default()
+            }),
+            false,
+        );
+        assert!(
+            matches!(p, DriverProbe::Error(ref r) if r.contains("CUDA_ERROR_UNKNOWN")),
+            "{p:?}"
+        );
+        let p = probe_driver(
+            Err(LoadError::SymbolMissing("cuCheckpointProcessLock")),
+            false,
+        );
+        assert!(
+            matches!(p, DriverProbe::Unsupported(ref r) if r.contains("cuCheckpointProcessLock"))
+        );
+        let p = probe_driver(Err(LoadError::LibraryAbsent("not found".into())), false);
+        assert!(matches!(p, DriverProbe::Unsupported(_)));
+        let p = probe_driver(load(FakeDriver::default()), true);
+        assert!(
+            matches!(
+                p,
+                DriverProbe::Supported {
+                    init: Some(CUresult::SUCCESS),
+                    ..
+                }
+            ),
+            "restore probes call cuInit"
+        );
+    }
+
+    #[test]
+    fn restore_tid_maps_not_cuda_codes_to_none() {
+        for (tid, want) in [
+            (Ok(77), Some(77)),
+            (Ok(0), None),
+            (Err(CUresult::ERROR_INVALID_VALUE), None),
+            (Err(CUresult::ERROR_NOT_INITIALIZED), None),
+        ] {
+            let (mut b, _) = backend(
+                FakeDriver {
+                    tid: Some(tid),
+                    ..Default::default()
+                },
+                None,
+            );
+            assert_eq!(b.get_restore_tid(5).unwrap(), want, "{tid:?}");
+        }
+        let (mut b, _) = backend(
+            FakeDriver {
+                tid: Some(Err(CUresult::ERROR_OPERATING_SYSTEM)),
+                ..Default::default()
+            },
+            None,
+        );
+        let e = b.get_restore_tid(5).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("CUDA_ERROR_OPERATING_SYSTEM")
+                && m.contains("pid 5")
+                && m.contains("driver-api"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn lock_passes_the_timeout_in_ms_and_names_the_code() {
+        let d = Arc::new(FakeDriver {
+            lock_code: Some(CUresult::ERROR_NOT_READY),
+            ..Default::default()
+        });
+        let mut b = DriverApi::new(d.clone(), None, Arc::new(|| {}));
+        let e = b.lock(9, Some(Duration::from_millis(1500))).unwrap_err();
+        assert!(e.is_timeout(), "NOT_READY is the lock timeout");
+        assert_eq!(
+            e.to_string(),
+            "failed to lock pid 9 via driver-api: CUDA_ERROR_NOT_READY"
+        );
+        assert_eq!(*d.seen_lock_ms.lock().unwrap(), Some(1500));
+    }
+
+    #[test]
+    fn restore_passes_pairs() {
+        let d = Arc::new(FakeDriver::default());
+        let mut b = DriverApi::new(d.clone(), None, Arc::new(|| {}));
+        let a = abi::GpuUuid([1; 16]);
+        let c = abi::GpuUuid([2; 16]);
+        b.restore(3, &[(a, c)]).unwrap();
+        b.restore(3, &[]).unwrap();
+        assert_eq!(
+            d.inits.load(Ordering::SeqCst),
+            1,
+            "cuInit once, before the first restore"
+        );
+        b.restore(3, &[(a, c)]).unwrap();
+        let seen = d.seen_pairs.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].old_uuid, a.to_cu());
+        assert_eq!(seen[0].new_uuid, c.to_cu());
+    }
+
+    #[test]
+    fn a_blocked_call_times_out_is_abandoned_and_blocks_further_calls_until_it_returns() {
+        let (mut b, abandoned) = backend(
+            FakeDriver {
+                delay: Some(Duration::from_millis(400)),
+                ..Default::default()
+            },
+            Some(Duration::from_millis(50)),
+        );
+        let e = b.get_restore_tid(1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BackendError::Timeout {
+                    op: Op::GetRestoreTid,
+                    pid: 1,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("timed out"), "{e}");
+        assert_eq!(
+            abandoned.load(Ordering::SeqCst),
+            1,
+            "the library gets pinned"
+        );
+        assert!(b.has_outstanding_call());
+        let e = b.unlock(2).unwrap_err();
+        assert!(
+            matches!(e, BackendError::Busy { pid: 2, .. }),
+            "at most one outstanding call: {e:?}"
+        );
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(!b.has_outstanding_call(), "the worker finished");
+        b.unlock(2)
+            .expect("usable again once the abandoned call returned");
+    }
+}

@@ -1,0 +1,270 @@
+//! The two ways of driving a process's CUDA checkpoint state machine, behind one trait.
+//!
+//! * [`driver::DriverApi`]: `libcuda.so.1`'s `cuCheckpointProcess*` entry points, opened at run
+//!   time (never linked). Each call runs on a worker thread so it can be abandoned on timeout.
+//! * [`cli::Cli`]: the `cuda-checkpoint` utility, spawned with an argv (no shell), captured
+//!   output, a deadline, and kill-and-reap on timeout.
+//!
+//! Both speak in the same [`Op`]s and report failures as a [`BackendError`] that names the
+//! operation, the pid, the backend and, where there is one, the CUDA code by name.
+//!
+//! The state machine they drive (NVIDIA, CUDA 12.8+):
+//!
+//! ```text
+//!  RUNNING --lock--> LOCKED --checkpoint--> CHECKPOINTED
+//!     ^                |  ^                      |
+//!     +----unlock------+  +-------restore--------+
+//! ```
+
+pub mod cli;
+pub mod driver;
+
+use abi::{CUprocessState, CUresult, GpuUuid};
+use std::fmt;
+use std::time::Duration;
+
+/// A process id as CRIU passes it to the hooks (`pid->real`).
+pub type Pid = i32;
+/// A thread id (the CUDA restore thread).
+pub type Tid = i32;
+
+/// A GPU remapping for restore: (GPU at dump time, GPU to restore onto).
+pub type GpuPair = (GpuUuid, GpuUuid);
+
+/// Which backend is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    DriverApi,
+    CudaCheckpoint,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::DriverApi => "driver-api",
+            BackendKind::CudaCheckpoint => "cuda-checkpoint",
+        })
+    }
+}
+
+/// One backend operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `cuInit(0)` in the calling process, which restore needs (driver API only).
+    Init,
+    GetRestoreTid,
+    GetState,
+    Lock,
+    Checkpoint,
+    Restore,
+    Unlock,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Init => "initialise the driver for",
+            Op::GetRestoreTid => "get the restore thread",
+            Op::GetState => "get the checkpoint state",
+            Op::Lock => "lock",
+            Op::Checkpoint => "checkpoint",
+            Op::Restore => "restore",
+            Op::Unlock => "unlock",
+        })
+    }
+}
+
+/// Extra wait, beyond the lock's own timeout, before the plugin gives up on a lock call: the
+/// driver (or the utility) enforces `timeoutMs` itself and needs a moment to report it.
+pub const LOCK_GRACE: Duration = Duration::from_secs(2);
+
+/// How long to wait for `op` given the configured per-operation timeout (`None` = forever).
+#[must_use]
+pub fn op_deadline(op: Op, timeout: Option<Duration>) -> Option<Duration> {
+    match op {
+        Op::Lock => timeout.map(|t| t + LOCK_GRACE),
+        _ => timeout,
+    }
+}
+
+/// The lock call's own timeout in milliseconds (0 = none), saturated to `u32`.
+#[must_use]
+pub fn lock_timeout_ms(timeout: Option<Duration>) -> u32 {
+    timeout.map_or(0, |t| {
+        u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1)
+    })
+}
+
+/// A failed backend operation.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("failed to {op} pid {pid} via {backend}: {code}")]
+    Cuda {
+        backend: BackendKind,
+        op: Op,
+        pid: Pid,
+        code: CUresult,
+    },
+    #[error("failed to {op} pid {pid} via {backend}: timed out after {after:?}")]
+    Timeout {
+        backend: BackendKind,
+        op: Op,
+        pid: Pid,
+        after: Duration,
+    },
+    #[error("failed to {op} pid {pid} via driver-api: an earlier driver call ({blocked}) timed out and is still blocked")]
+    Busy { op: Op, pid: Pid, blocked: String },
+    #[error("failed to {op} pid {pid} via cuda-checkpoint: `{command}` exited with {status}{}: {output}", guess_code(*.status))]
+    Exit {
+        op: Op,
+        pid: Pid,
+        command: String,
+        status: ExitInfo,
+        output: String,
+    },
+    #[error("failed to {op} pid {pid} via {backend}: unexpected output {output:?}")]
+    BadOutput {
+        backend: BackendKind,
+        op: Op,
+        pid: Pid,
+        output: String,
+    },
+    #[error("failed to {op} pid {pid} via cuda-checkpoint: cannot run {program}: {source}")]
+    Spawn {
+        op: Op,
+        pid: Pid,
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to {op} pid {pid} via {backend}: {what}")]
+    Unsupported {
+        backend: BackendKind,
+        op: Op,
+        pid: Pid,
+        what: &'static str,
+    },
+}
+
+impl BackendError {
+    /// The operation that failed.
+    #[must_use]
+    pub fn op(&self) -> Op {
+        match self {
+            BackendError::Cuda { op, .. }
+            | BackendError::Timeout { op, .. }
+            | BackendError::Busy { op, .. }
+            | BackendError::Exit { op, .. }
+            | BackendError::BadOutput { op, .. }
+            | BackendError::Spawn { op, .. }
+            | BackendError::Unsupported { op, .. } => *op,
+        }
+    }
+
+    /// True when the failure was a timeout (ours or the driver's lock timeout).
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            BackendError::Timeout { .. } => true,
+            BackendError::Cuda { code, .. } => *code == CUresult::ERROR_NOT_READY,
+            _ => false,
+        }
+    }
+}
+
+/// How a `cuda-checkpoint` process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitInfo {
+    Code(i32),
+    Signal(i32),
+}
+
+impl fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitInfo::Code(c) => write!(f, "status {c}"),
+            ExitInfo::Signal(s) => write!(f, "signal {s}"),
+        }
+    }
+}
+
+/// The utility exits with the failing `CUresult` modulo 256; name the code when exactly one
+/// known code has that remainder.
+fn guess_code(status: ExitInfo) -> String {
+    let ExitInfo::Code(c) = status else {
+        return String::new();
+    };
+    let Ok(c) = u8::try_from(c) else {
+        return String::new();
+    };
+    let mut hits = CUresult::KNOWN
+        .iter()
+        .filter(|r| !r.is_success() && r.exit_status() == c);
+    match (hits.next(), hits.next()) {
+        (Some(r), None) => format!(" (probably {r})"),
+        _ => String::new(),
+    }
+}
+
+/// One backend: the six operations of the checkpoint state machine for one target process.
+///
+/// Implementations never block longer than their configured timeout (plus [`LOCK_GRACE`] for
+/// `lock`), except when that timeout is "none".
+pub trait Backend: Send {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// The CUDA restore thread of `pid`, or `None` when `pid` has no CUDA state.
+    fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError>;
+    /// The checkpoint state of `pid`.
+    fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError>;
+    /// RUNNING -> LOCKED, waiting at most `timeout` for in-flight work (`None` = forever).
+    fn lock(&mut self, pid: Pid, timeout: Option<Duration>) -> Result<(), BackendError>;
+    /// LOCKED -> CHECKPOINTED.
+    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError>;
+    /// CHECKPOINTED -> LOCKED, remapping GPUs by `pairs` (empty = no remapping).
+    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError>;
+    /// LOCKED -> RUNNING.
+    fn unlock(&mut self, pid: Pid) -> Result<(), BackendError>;
+    /// How many external processes the backend ran so far (the CLI's executions), if any.
+    fn executions(&self) -> Option<usize> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_status_names_the_probable_code() {
+        assert_eq!(
+            guess_code(ExitInfo::Code(88)),
+            " (probably CUDA_ERROR_NOT_READY)"
+        );
+        assert_eq!(
+            guess_code(ExitInfo::Code(145)),
+            " (probably CUDA_ERROR_ILLEGAL_STATE)"
+        );
+        assert_eq!(guess_code(ExitInfo::Code(0)), "");
+        assert_eq!(guess_code(ExitInfo::Signal(9)), "");
+    }
+
+    #[test]
+    fn lock_gets_a_grace_period_and_ms_saturate() {
+        let t = Some(Duration::from_secs(10));
+        assert_eq!(op_deadline(Op::Lock, t), Some(Duration::from_secs(12)));
+        assert_eq!(op_deadline(Op::Checkpoint, t), t);
+        assert_eq!(op_deadline(Op::Lock, None), None);
+        assert_eq!(lock_timeout_ms(t), 10_000);
+        assert_eq!(lock_timeout_ms(None), 0, "0 = wait forever");
+        assert_eq!(
+            lock_timeout_ms(Some(Duration::from_secs(u64::MAX / 4))),
+            u32::MAX
+        );
+        assert_eq!(
+            lock_timeout_ms(Some(Duration::from_micros(10))),
+            1,
+            "never 0 = forever by accident"
+        );
+    }
+}

@@ -1,0 +1,853 @@
+//! Engine tests against a simulated world: a fake driver state machine per task, a fake ptrace
+//! (a frozen task's requests only make progress while its restore thread runs), a fake host, and
+//! a tiny CRIU that calls the hooks in CRIU's order. Faults can be injected at any call.
+
+use super::*;
+use crate::backend::{BackendKind, Op};
+use crate::thread::Resumed;
+use abi::{CUresult, GpuUuid};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultKind {
+    /// The call fails and changes nothing.
+    Error,
+    /// The call times out and changes nothing.
+    Timeout,
+    /// The call takes effect but reports a timeout (a lock that completed late).
+    LateSuccess,
+}
+
+#[derive(Debug, Clone)]
+struct FakeTask {
+    cuda: bool,
+    state: CUprocessState,
+    tid: Tid,
+    /// CRIU holds the task ptrace-stopped.
+    traced: bool,
+    /// Our fake ptrace let the restore thread run.
+    thread_running: bool,
+}
+
+#[derive(Debug, Default)]
+struct World {
+    tasks: BTreeMap<Pid, FakeTask>,
+    /// Every call, in order, as "what pid".
+    calls: Vec<String>,
+    fault_at: Option<(usize, FaultKind)>,
+    inventory_adds: usize,
+    images: HashMap<Pid, Vec<u8>>,
+    logs: Vec<(Level, String)>,
+}
+
+type Shared = Arc<Mutex<World>>;
+
+impl World {
+    /// Records a call; returns the fault to inject, if this is the chosen call.
+    fn call(&mut self, what: String) -> Option<FaultKind> {
+        let n = self.calls.len();
+        self.calls.push(what);
+        match self.fault_at {
+            Some((k, kind)) if k == n => Some(kind),
+            _ => None,
+        }
+    }
+}
+
+struct FakeBackend(Shared);
+struct FakeThreads(Shared);
+struct FakeHost(Shared);
+
+fn timeout(op: Op, pid: Pid) -> BackendError {
+    BackendError::Timeout {
+        backend: BackendKind::DriverApi,
+        op,
+        pid,
+        after: Duration::from_secs(1),
+    }
+}
+
+fn cuda(op: Op, pid: Pid, code: CUresult) -> BackendError {
+    BackendError::Cuda {
+        backend: BackendKind::DriverApi,
+        op,
+        pid,
+        code,
+    }
+}
+
+impl FakeBackend {
+    /// Runs `op` on `pid`: "a stopped task whose restore thread is not running never answers",
+    /// then fault injection, then the state machine.
+    fn op(
+        &mut self,
+        op: Op,
+        pid: Pid,
+        f: impl FnOnce(&mut FakeTask) -> Result<(), CUresult>,
+    ) -> Result<(), BackendError> {
+        let mut w = self.0.lock().unwrap();
+        let fault = w.call(format!("{op:?} {pid}"));
+        let task = w.tasks.get_mut(&pid).expect("known pid");
+        // Requests are served by the restore thread, so they hang on a stopped task unless that
+        // thread runs. The restore TID itself is readable without it (CRIU's C plugin queries it
+        // in RESUME_DEVICES_LATE with the task stopped).
+        if task.traced && !task.thread_running && op != Op::GetRestoreTid {
+            return Err(timeout(op, pid));
+        }
+        match fault {
+            Some(FaultKind::Error) => return Err(cuda(op, pid, CUresult::ERROR_UNKNOWN)),
+            Some(FaultKind::Timeout) => return Err(timeout(op, pid)),
+            Some(FaultKind::LateSuccess) => {
+                let _ = f(task);
+                return Err(timeout(op, pid));
+            }
+            None => {}
+        }
+        f(task).map_err(|code| cuda(op, pid, code))
+    }
+}
+
+fn transition(t: &mut FakeTask, from: CUprocessState, to: CUprocessState) -> Result<(), CUresult> {
+    if !t.cuda {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    if t.state != from {
+        return Err(CUresult::ERROR_ILLEGAL_STATE);
+    }
+    t.state = to;
+    Ok(())
+}
+
+impl Backend for FakeBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::DriverApi
+    }
+    fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError> {
+        let mut tid = None;
+        self.op(Op::GetRestoreTid, pid, |t| {
+            tid = t.cuda.then_some(t.tid);
+            Ok(())
+        })?;
+        Ok(tid)
+    }
+    fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError> {
+        let mut st = CUprocessState::RUNNING;
+        self.op(Op::GetState, pid, |t| {
+            st = t.state;
+            Ok(())
+        })?;
+        Ok(st)
+    }
+    fn lock(&mut self, pid: Pid, _timeout: Option<Duration>) -> Result<(), BackendError> {
+        self.op(Op::Lock, pid, |t| {
+            transition(t, CUprocessState::RUNNING, CUprocessState::LOCKED)
+        })
+    }
+    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
+        self.op(Op::Checkpoint, pid, |t| {
+            transition(t, CUprocessState::LOCKED, CUprocessState::CHECKPOINTED)
+        })
+    }
+    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
+        let n = pairs.len();
+        self.0
+            .lock()
+            .unwrap()
+            .logs
+            .push((Level::Debug, format!("restore pairs={n}")));
+        self.op(Op::Restore, pid, |t| {
+            transition(t, CUprocessState::CHECKPOINTED, CUprocessState::LOCKED)
+        })
+    }
+    fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
+        self.op(Op::Unlock, pid, |t| {
+            transition(t, CUprocessState::LOCKED, CUprocessState::RUNNING)
+        })
+    }
+}
+
+impl ThreadControl for FakeThreads {
+    fn resume(&mut self, pid: Pid, tid: Tid) -> Result<Resumed, ThreadError> {
+        let mut w = self.0.lock().unwrap();
+        let fault = w.call(format!("Resume {pid}"));
+        let t = w.tasks.get_mut(&pid).unwrap();
+        assert_eq!(t.tid, tid, "resume uses the recorded restore thread");
+        if fault.is_some() {
+            return Err(ThreadError::Ptrace {
+                step: "PTRACE_CONT",
+                tid,
+                errno: libc::ESRCH,
+            });
+        }
+        if !t.traced {
+            return Ok(Resumed {
+                pid,
+                tid,
+                saved_sigmask: None,
+            });
+        }
+        if t.thread_running {
+            // Like PTRACE_GETSIGMASK on a thread that is not stopped.
+            return Err(ThreadError::Ptrace {
+                step: "PTRACE_GETSIGMASK",
+                tid,
+                errno: libc::ESRCH,
+            });
+        }
+        t.thread_running = true;
+        Ok(Resumed {
+            pid,
+            tid,
+            saved_sigmask: Some(0x5a5a),
+        })
+    }
+    fn restop(&mut self, r: Resumed) -> Result<(), ThreadError> {
+        let mut w = self.0.lock().unwrap();
+        let fault = w.call(format!("Restop {}", r.pid));
+        if r.saved_sigmask.is_none() {
+            return Ok(());
+        }
+        let t = w.tasks.get_mut(&r.pid).unwrap();
+        if fault.is_some() {
+            return Err(ThreadError::StopTimeout {
+                tid: r.tid,
+                secs: 1,
+            });
+        }
+        t.thread_running = false;
+        Ok(())
+    }
+    fn thread_exists(&self, pid: Pid, tid: Tid) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .tasks
+            .get(&pid)
+            .is_some_and(|t| t.tid == tid)
+    }
+}
+
+impl Host for FakeHost {
+    fn log(&self, level: Level, msg: &str) {
+        self.0.lock().unwrap().logs.push((level, msg.to_owned()));
+    }
+    fn add_inventory_entry(&mut self) -> Result<(), HostError> {
+        let mut w = self.0.lock().unwrap();
+        if w.call("Inventory".into()).is_some() {
+            return Err(HostError::Failed {
+                service: "add_inventory_plugin",
+            });
+        }
+        w.inventory_adds += 1;
+        Ok(())
+    }
+    fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError> {
+        let mut w = self.0.lock().unwrap();
+        if w.call(format!("WriteImage {pid}")).is_some() {
+            return Err(HostError::Failed { service: "openat" });
+        }
+        assert!(
+            w.images.insert(pid, data.to_vec()).is_none(),
+            "one image per task"
+        );
+        Ok(())
+    }
+    fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
+        let w = self.0.lock().unwrap();
+        Ok(w.images.get(&pid).cloned())
+    }
+}
+
+/// Tree of the issue: two CUDA processes and one without CUDA (pids 100, 101, 102).
+fn world(initial: [CUprocessState; 2]) -> Shared {
+    let mut w = World::default();
+    for (i, st) in initial.iter().enumerate() {
+        let pid = 100 + i as Pid;
+        w.tasks.insert(
+            pid,
+            FakeTask {
+                cuda: true,
+                state: *st,
+                tid: pid + 50,
+                traced: false,
+                thread_running: false,
+            },
+        );
+    }
+    w.tasks.insert(
+        102,
+        FakeTask {
+            cuda: false,
+            state: CUprocessState::RUNNING,
+            tid: 0,
+            traced: false,
+            thread_running: false,
+        },
+    );
+    Arc::new(Mutex::new(w))
+}
+
+fn engine(w: &Shared, cfg: EngineConfig) -> Engine {
+    Engine::new(
+        Box::new(FakeBackend(w.clone())),
+        Box::new(FakeThreads(w.clone())),
+        Box::new(FakeHost(w.clone())),
+        cfg,
+    )
+}
+
+const PIDS: [Pid; 3] = [100, 101, 102];
+
+/// CRIU's dump order: PAUSE then seize per task; CHECKPOINT per task; finish; release.
+fn criu_dump(w: &Shared, e: &mut Engine) -> (i32, Option<EngineError>) {
+    criu_dump_pids(w, e, &PIDS)
+}
+
+fn criu_dump_pids(w: &Shared, e: &mut Engine, pids: &[Pid]) -> (i32, Option<EngineError>) {
+    let mut ret = 0;
+    let mut first_err = None;
+    for &pid in pids {
+        match e.pause_devices(pid) {
+            Ok(_) => w.lock().unwrap().tasks.get_mut(&pid).unwrap().traced = true,
+            Err(err) => {
+                ret = -1;
+                first_err = Some(err);
+                break;
+            }
+        }
+    }
+    if ret == 0 {
+        for &pid in pids {
+            if let Err(err) = e.checkpoint_devices(pid) {
+                ret = -1;
+                first_err = Some(err);
+                break;
+            }
+        }
+    }
+    let fin = e.dump_finish(ret);
+    if let Err(err) = fin {
+        first_err.get_or_insert(err);
+    }
+    for t in w.lock().unwrap().tasks.values_mut() {
+        t.traced = false;
+    }
+    (ret, first_err)
+}
+
+fn states(w: &Shared) -> Vec<CUprocessState> {
+    w.lock().unwrap().tasks.values().map(|t| t.state).collect()
+}
+
+fn any_thread_running(w: &Shared) -> bool {
+    w.lock().unwrap().tasks.values().any(|t| t.thread_running)
+}
+
+#[test]
+fn successful_dump_checkpoints_cuda_tasks_only() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&w, EngineConfig::default());
+    assert_eq!(
+        e.pause_devices(102).unwrap(),
+        Outcome::NotMine,
+        "no CUDA -> -ENOTSUP"
+    );
+    let (ret, err) = criu_dump(&w, &mut e);
+    assert_eq!((ret, err.map(|e| e.to_string())), (0, None));
+    assert_eq!(
+        states(&w),
+        vec![
+            CUprocessState::CHECKPOINTED,
+            CUprocessState::CHECKPOINTED,
+            CUprocessState::RUNNING
+        ]
+    );
+    let world = w.lock().unwrap();
+    assert_eq!(
+        world.inventory_adds, 1,
+        "inventory entry added exactly once per dump"
+    );
+    assert_eq!(world.images.len(), 2);
+    assert!(
+        !world.tasks.values().any(|t| t.thread_running),
+        "every restore thread stopped again"
+    );
+    assert_eq!(
+        world.calls.iter().filter(|c| c.starts_with("GetRestoreTid")).count(),
+        4,
+        "102 probed twice (the extra pause above), CUDA tasks once: the TID is cached in the record"
+    );
+}
+
+#[test]
+fn leave_running_puts_every_task_back_in_its_initial_state() {
+    for initial in [
+        [CUprocessState::RUNNING, CUprocessState::RUNNING],
+        [CUprocessState::LOCKED, CUprocessState::RUNNING],
+        [CUprocessState::RUNNING, CUprocessState::CHECKPOINTED],
+    ] {
+        let w = world(initial);
+        let mut e = engine(
+            &w,
+            EngineConfig {
+                leave_running: true,
+                ..Default::default()
+            },
+        );
+        let (ret, err) = criu_dump(&w, &mut e);
+        assert_eq!(ret, 0, "{initial:?}: {err:?}");
+        assert!(err.is_none(), "{initial:?}: {err:?}");
+        assert_eq!(
+            states(&w),
+            vec![initial[0], initial[1], CUprocessState::RUNNING],
+            "{initial:?}"
+        );
+        assert!(!any_thread_running(&w));
+    }
+}
+
+#[test]
+fn a_fault_at_any_step_leaves_every_task_as_found() {
+    for initial in [
+        [CUprocessState::RUNNING, CUprocessState::RUNNING],
+        [CUprocessState::LOCKED, CUprocessState::RUNNING],
+    ] {
+        // A clean run tells how many calls a dump makes.
+        let clean = world(initial);
+        let mut e = engine(&clean, EngineConfig::default());
+        assert_eq!(criu_dump(&clean, &mut e).0, 0);
+        let names = clean.lock().unwrap().calls.clone();
+        assert!(names.len() >= 12, "{names:?}");
+        for (k, name) in names.iter().enumerate() {
+            for kind in [FaultKind::Error, FaultKind::Timeout, FaultKind::LateSuccess] {
+                let case = format!("initial {initial:?}, fault {kind:?} at call {k} ({})", name);
+                let w = world(initial);
+                w.lock().unwrap().fault_at = Some((k, kind));
+                let mut e = engine(&w, EngineConfig::default());
+                let (ret, err) = criu_dump(&w, &mut e);
+                let restop_fault = name.starts_with("Restop");
+                assert_eq!(ret, -1, "{case}: the dump must fail");
+                let err = err.expect("an error is reported");
+                let msg = err.to_string();
+                assert!(
+                    msg.contains("pid 10") || msg.contains("inventory"),
+                    "{case}: {msg}"
+                );
+                if restop_fault {
+                    // The thread could not be stopped again, so it cannot be driven through the
+                    // ptrace dance either: that task is reported, every other one recovers.
+                    let pid: Pid = name.trim_start_matches("Restop ").parse().unwrap();
+                    let logs = w.lock().unwrap().logs.clone();
+                    assert!(
+                        logs.iter().any(
+                            |(l, m)| *l == Level::Error && m.contains(&format!("pids [{pid}]"))
+                        ),
+                        "{case}: the unrecovered task is logged: {logs:?}"
+                    );
+                    let other = if pid == 100 { 1 } else { 0 };
+                    assert_eq!(
+                        states(&w)[other],
+                        initial[other],
+                        "{case}: the other task recovers"
+                    );
+                    continue;
+                }
+                assert_eq!(
+                    states(&w),
+                    vec![initial[0], initial[1], CUprocessState::RUNNING],
+                    "{case}: every task back as found (calls: {:?})",
+                    w.lock().unwrap().calls
+                );
+                assert!(
+                    !any_thread_running(&w),
+                    "{case}: no restore thread left running"
+                );
+                let errors: Vec<_> = w
+                    .lock()
+                    .unwrap()
+                    .logs
+                    .iter()
+                    .filter(|(l, m)| *l == Level::Error && m.contains("could not"))
+                    .cloned()
+                    .collect();
+                assert!(errors.is_empty(), "{case}: nothing unrecovered: {errors:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_fault_during_rollback_is_reported_and_other_tasks_still_recover() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    // Fail the checkpoint of 101, then fail the first rollback step of 100.
+    let mut e = engine(&w, EngineConfig::default());
+    assert!(e.pause_devices(100).is_ok());
+    assert!(e.pause_devices(101).is_ok());
+    for pid in [100, 101] {
+        w.lock().unwrap().tasks.get_mut(&pid).unwrap().traced = true;
+    }
+    assert!(e.checkpoint_devices(100).is_ok());
+    let n = w.lock().unwrap().calls.len();
+    // Call n is CHECKPOINT 101's resume; n+1 its checkpoint.
+    w.lock().unwrap().fault_at = Some((n + 1, FaultKind::Error));
+    let err = e.checkpoint_devices(101).unwrap_err();
+    assert!(
+        err.to_string().contains("CHECKPOINT_DEVICES pid 101"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("CUDA_ERROR_UNKNOWN"), "{err}");
+    // Rollback: 100's resume, then its state query fails.
+    let n = w.lock().unwrap().calls.len();
+    w.lock().unwrap().fault_at = Some((n + 1, FaultKind::Timeout));
+    let err = e.dump_finish(-1).unwrap_err();
+    assert!(
+        matches!(err, EngineError::RollbackIncomplete { ref pids } if pids == &vec![100]),
+        "{err}"
+    );
+    assert_eq!(
+        states(&w)[0],
+        CUprocessState::CHECKPOINTED,
+        "100 could not be recovered"
+    );
+    assert_eq!(
+        states(&w)[1],
+        CUprocessState::RUNNING,
+        "101 recovered anyway"
+    );
+    assert!(
+        !any_thread_running(&w),
+        "threads stopped again even when a step failed"
+    );
+    let logs = w.lock().unwrap().logs.clone();
+    assert!(
+        logs.iter()
+            .any(|(l, m)| *l == Level::Error && m.contains("pids [100]")),
+        "{logs:?}"
+    );
+    // Finishing twice (DUMP_FINISH then exit) does nothing the second time.
+    let calls = w.lock().unwrap().calls.len();
+    e.dump_finish(-1).unwrap();
+    assert_eq!(w.lock().unwrap().calls.len(), calls);
+}
+
+#[test]
+fn pause_on_a_failed_process_fails_without_touching_it() {
+    let w = world([CUprocessState::FAILED, CUprocessState::RUNNING]);
+    let mut e = engine(&w, EngineConfig::default());
+    let err = e.pause_devices(100).unwrap_err();
+    assert!(matches!(err, EngineError::BadState { .. }), "{err}");
+    assert!(err.to_string().contains("failed"), "{err}");
+}
+
+fn restored_world(initial: [CUprocessState; 2], with_images: bool) -> (Shared, Engine) {
+    let w = world(initial);
+    let mut e = engine(&w, EngineConfig::default());
+    assert_eq!(criu_dump(&w, &mut e).0, 0);
+    let mut guard = w.lock().unwrap();
+    if !with_images {
+        guard.images.clear();
+    }
+    guard.calls.clear();
+    for t in guard.tasks.values_mut() {
+        t.traced = true; // restored tasks are ptrace-stopped at RESUME_DEVICES_LATE
+    }
+    drop(guard);
+    let pairs = vec![(GpuUuid([1; 16]), GpuUuid([2; 16]))];
+    let e = engine(
+        &w,
+        EngineConfig {
+            pairs,
+            ..Default::default()
+        },
+    );
+    (w, e)
+}
+
+#[test]
+fn resume_uses_the_task_image_and_restores_the_dump_time_state() {
+    let (w, mut e) = restored_world([CUprocessState::RUNNING, CUprocessState::LOCKED], true);
+    for pid in PIDS {
+        let want = if pid == 102 {
+            Outcome::NotMine
+        } else {
+            Outcome::Handled
+        };
+        assert_eq!(e.resume_devices_late(pid).unwrap(), want, "pid {pid}");
+    }
+    assert_eq!(
+        states(&w),
+        vec![
+            CUprocessState::RUNNING,
+            CUprocessState::LOCKED,
+            CUprocessState::RUNNING
+        ]
+    );
+    let calls = w.lock().unwrap().calls.clone();
+    assert_eq!(
+        calls,
+        vec![
+            "Resume 100",
+            "Restore 100",
+            "Unlock 100",
+            "Restop 100",
+            "Resume 101",
+            "Restore 101",
+            "Restop 101",
+            "GetRestoreTid 102",
+        ],
+        "no TID probe for recorded tasks; a task LOCKED at dump time stays locked"
+    );
+    assert!(!any_thread_running(&w));
+    let logs = w.lock().unwrap().logs.clone();
+    assert!(
+        logs.iter().any(|(_, m)| m == "restore pairs=1"),
+        "the device map reaches restore"
+    );
+}
+
+#[test]
+fn resume_without_images_probes_and_assumes_running() {
+    let (w, mut e) = restored_world([CUprocessState::RUNNING, CUprocessState::RUNNING], false);
+    for pid in PIDS {
+        e.resume_devices_late(pid).unwrap();
+    }
+    assert_eq!(states(&w), vec![CUprocessState::RUNNING; 3]);
+    let probes = w
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .filter(|c| c.starts_with("GetRestoreTid"))
+        .count();
+    assert_eq!(probes, 3);
+}
+
+#[test]
+fn resume_leaves_a_task_checkpointed_at_dump_time_alone() {
+    let (w, mut e) = restored_world(
+        [CUprocessState::CHECKPOINTED, CUprocessState::RUNNING],
+        true,
+    );
+    assert_eq!(e.resume_devices_late(100).unwrap(), Outcome::Handled);
+    assert_eq!(states(&w)[0], CUprocessState::CHECKPOINTED);
+    assert!(w.lock().unwrap().calls.is_empty());
+}
+
+#[test]
+fn resume_failures_are_errors_and_the_thread_is_stopped_again() {
+    for (k, what) in [(1, "Restore"), (2, "Unlock")] {
+        let (w, mut e) = restored_world([CUprocessState::RUNNING; 2], true);
+        w.lock().unwrap().fault_at = Some((k, FaultKind::Error));
+        let err = e.resume_devices_late(100).unwrap_err();
+        let m = err.to_string();
+        assert!(m.starts_with("RESUME_DEVICES_LATE pid 100"), "{m}");
+        assert!(m.contains(&what.to_lowercase()), "{m}");
+        assert!(!any_thread_running(&w), "{what}: thread stopped again");
+    }
+    let (w, mut e) = restored_world([CUprocessState::RUNNING; 2], true);
+    w.lock().unwrap().images.insert(100, b"garbage".to_vec());
+    assert!(matches!(
+        e.resume_devices_late(100).unwrap_err(),
+        EngineError::ImageFormat { .. }
+    ));
+    drop(w);
+}
+
+#[test]
+fn a_recorded_tid_that_no_longer_exists_is_reprobed() {
+    let (w, mut e) = restored_world([CUprocessState::RUNNING; 2], true);
+    let img = TaskImage {
+        pid: 100,
+        restore_tid: 9999,
+        initial_state: CUprocessState::LOCKED,
+    };
+    w.lock().unwrap().images.insert(100, img.encode());
+    e.resume_devices_late(100).unwrap();
+    let calls = w.lock().unwrap().calls.clone();
+    assert_eq!(calls[0], "GetRestoreTid 100");
+    assert_eq!(
+        states(&w)[0],
+        CUprocessState::RUNNING,
+        "fallback assumes it was running"
+    );
+}
+
+/// A simulated `cuda-checkpoint` over the same world: parses the argv the CLI backend builds,
+/// answers like the utility (TID / state word on stdout, the CUresult modulo 256 as exit status),
+/// and hangs (times out) on a stopped task whose restore thread is not running.
+struct SimCli(Shared);
+
+impl crate::backend::cli::CommandRunner for SimCli {
+    fn run(
+        &mut self,
+        _program: &std::path::Path,
+        args: &[String],
+        _deadline: Option<Duration>,
+    ) -> Result<crate::backend::cli::RunOutput, crate::backend::cli::RunError> {
+        use crate::backend::cli::{RunError, RunOutput};
+        use crate::backend::ExitInfo;
+        let ok = |output: String| {
+            Ok(RunOutput {
+                status: ExitInfo::Code(0),
+                output,
+            })
+        };
+        let fail = |code: CUresult| {
+            Ok(RunOutput {
+                status: ExitInfo::Code(i32::from(code.exit_status())),
+                output: code.to_string(),
+            })
+        };
+        if args == ["-h"] {
+            return ok("--action lock|checkpoint|restore|unlock --device-map".into());
+        }
+        let pid: Pid = args[args.iter().position(|a| a == "--pid").unwrap() + 1]
+            .parse()
+            .unwrap();
+        let mut w = self.0.lock().unwrap();
+        w.calls.push(format!("cli {}", args.join(" ")));
+        let t = w.tasks.get_mut(&pid).unwrap();
+        if args[0] == "--get-restore-tid" {
+            return if t.cuda {
+                ok(format!("{}\n", t.tid))
+            } else {
+                fail(CUresult::ERROR_INVALID_VALUE)
+            };
+        }
+        if t.traced && !t.thread_running {
+            return Err(RunError::TimedOut(Duration::from_secs(1)));
+        }
+        let r = match (args[0].as_str(), args[1].as_str()) {
+            ("--get-state", _) => return ok(format!("{}\n", t.state)),
+            ("--action", "lock") => transition(t, CUprocessState::RUNNING, CUprocessState::LOCKED),
+            ("--action", "checkpoint") => {
+                transition(t, CUprocessState::LOCKED, CUprocessState::CHECKPOINTED)
+            }
+            ("--action", "restore") => {
+                transition(t, CUprocessState::CHECKPOINTED, CUprocessState::LOCKED)
+            }
+            ("--action", "unlock") => {
+                transition(t, CUprocessState::LOCKED, CUprocessState::RUNNING)
+            }
+            other => panic!("unexpected argv {other:?}"),
+        };
+        match r {
+            Ok(()) => ok(String::new()),
+            Err(code) => fail(code),
+        }
+    }
+}
+
+fn cli_world(n: usize) -> (Shared, Vec<Pid>) {
+    let mut w = World::default();
+    let pids: Vec<Pid> = (0..n as Pid).map(|i| 1000 + i).collect();
+    for &pid in &pids {
+        w.tasks.insert(
+            pid,
+            FakeTask {
+                cuda: true,
+                state: CUprocessState::RUNNING,
+                tid: pid + 5000,
+                traced: false,
+                thread_running: false,
+            },
+        );
+    }
+    (Arc::new(Mutex::new(w)), pids)
+}
+
+fn cli_engine(w: &Shared, cfg: EngineConfig) -> Engine {
+    let cli = crate::backend::cli::Cli::new(
+        "/sim/cuda-checkpoint".into(),
+        Box::new(SimCli(w.clone())),
+        None,
+        true,
+    );
+    Engine::new(
+        Box::new(cli),
+        Box::new(FakeThreads(w.clone())),
+        Box::new(FakeHost(w.clone())),
+        cfg,
+    )
+}
+
+#[test]
+fn cli_executions_stay_within_4n_plus_1_per_dump_and_2n_plus_1_per_restore() {
+    for n in [1usize, 8, 32] {
+        let (w, pids) = cli_world(n);
+        let mut e = cli_engine(&w, EngineConfig::default());
+        let (ret, err) = criu_dump_pids(&w, &mut e, &pids);
+        assert_eq!(ret, 0, "{err:?}");
+        let dump_runs = e.backend().executions().unwrap();
+        assert_eq!(
+            dump_runs,
+            4 * n + 1,
+            "N={n}: -h, then tid+state+lock+checkpoint per task"
+        );
+        assert!(w
+            .lock()
+            .unwrap()
+            .tasks
+            .values()
+            .all(|t| t.state == CUprocessState::CHECKPOINTED));
+        // Restore from the images the dump wrote.
+        for t in w.lock().unwrap().tasks.values_mut() {
+            t.traced = true;
+        }
+        let mut e = cli_engine(&w, EngineConfig::default());
+        for &pid in &pids {
+            assert_eq!(e.resume_devices_late(pid).unwrap(), Outcome::Handled);
+        }
+        let restore_runs = e.backend().executions().unwrap();
+        assert_eq!(
+            restore_runs,
+            2 * n + 1,
+            "N={n}: -h, then restore+unlock per task"
+        );
+        assert!(w
+            .lock()
+            .unwrap()
+            .tasks
+            .values()
+            .all(|t| t.state == CUprocessState::RUNNING && !t.thread_running));
+    }
+}
+
+#[test]
+fn cli_leave_running_round_trip_and_a_failing_lock_leave_tasks_running() {
+    let (w, pids) = cli_world(3);
+    let mut e = cli_engine(
+        &w,
+        EngineConfig {
+            leave_running: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(criu_dump_pids(&w, &mut e, &pids).0, 0);
+    assert!(w
+        .lock()
+        .unwrap()
+        .tasks
+        .values()
+        .all(|t| t.state == CUprocessState::RUNNING));
+    assert_eq!(
+        e.backend().executions(),
+        Some(1 + 4 * 3 + 3 * 3),
+        "rollback: state+restore+unlock per task"
+    );
+    // A PAUSE failure on the second task (its CUDA state is FAILED) rolls the first back.
+    let (w, pids) = cli_world(3);
+    let mut e = cli_engine(&w, EngineConfig::default());
+    e.pause_devices(pids[0]).unwrap();
+    w.lock().unwrap().tasks.get_mut(&pids[0]).unwrap().traced = true;
+    w.lock().unwrap().tasks.get_mut(&pids[1]).unwrap().state = CUprocessState::FAILED;
+    let err = e.pause_devices(pids[1]).unwrap_err();
+    assert!(err.to_string().contains("PAUSE_DEVICES pid 1001"), "{err}");
+    e.dump_finish(-1).unwrap();
+    assert_eq!(
+        w.lock().unwrap().tasks[&pids[0]].state,
+        CUprocessState::RUNNING,
+        "first task unlocked again"
+    );
+}

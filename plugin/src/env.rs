@@ -1,0 +1,45 @@
+//! Every environment variable the plugin reads, read in one place.
+//!
+//! | Variable | Effect |
+//! |---|---|
+//! | `CRIU_PLUGIN_OPTIONS` | Plugin options when CRIU cannot hand them over (see [`crate::options`]). |
+//! | `CRIU_CUDA_FORCE_ENABLE=1` | Run even without `/proc/driver/nvidia/gpus/` (hardware-free testing; CRIU's fault 138 does the same). |
+//! | `CRIU_CUDA_PLUGIN_MAX_HOOKS=N` | Override the descriptor's `max_hooks` (1..=17) instead of reading the host's count. |
+//! | `PATH` | Where `cuda-checkpoint` is looked up without `cuda-checkpoint=PATH`. |
+//!
+//! `LD_LIBRARY_PATH` is honoured implicitly: `libcuda.so.1` is opened with the normal loader search.
+
+use std::ffi::OsString;
+
+/// `CRIU_PLUGIN_OPTIONS`.
+pub const OPTIONS: &str = crate::options::ENV_OPTIONS;
+/// `CRIU_CUDA_FORCE_ENABLE`.
+pub const FORCE_ENABLE: &str = "CRIU_CUDA_FORCE_ENABLE";
+/// `CRIU_CUDA_PLUGIN_MAX_HOOKS`.
+pub const MAX_HOOKS: &str = "CRIU_CUDA_PLUGIN_MAX_HOOKS";
+
+/// A snapshot of the variables above.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Environment {
+    pub plugin_options: Option<String>,
+    pub force_enable: bool,
+    pub path: Option<OsString>,
+}
+
+impl Environment {
+    /// Reads the process environment.
+    #[must_use]
+    pub fn from_process() -> Self {
+        Environment {
+            plugin_options: std::env::var(OPTIONS).ok(),
+            force_enable: std::env::var(FORCE_ENABLE).is_ok_and(|v| v.trim() == "1"),
+            path: std::env::var_os("PATH"),
+        }
+    }
+}
+
+/// `CRIU_CUDA_PLUGIN_MAX_HOOKS`, read by the load-time constructor.
+#[must_use]
+pub fn max_hooks_override() -> Option<String> {
+    std::env::var(MAX_HOOKS).ok()
+}

@@ -1,0 +1,113 @@
+//! The plugin's top-level error, and its one translation into a C return value.
+
+use crate::backend::BackendError;
+use crate::device_map::DeviceMapError;
+use crate::engine::EngineError;
+use crate::options::OptionError;
+use crate::select::SelectError;
+use crate::thread::ThreadError;
+
+/// Everything that can make an entry point fail.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error(transparent)]
+    Option(#[from] OptionError),
+    #[error(transparent)]
+    DeviceMap(#[from] DeviceMapError),
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("the image needs cuda_plugin but {0}")]
+    RestoreImpossible(String),
+    #[error("cannot claim cuda_plugin in the image inventory: {0}")]
+    Inventory(String),
+}
+
+fn backend_errno(e: &BackendError) -> i32 {
+    match e {
+        BackendError::Timeout { .. } => libc::ETIMEDOUT,
+        BackendError::Busy { .. } => libc::EBUSY,
+        BackendError::Spawn { .. } => libc::ENOEXEC,
+        BackendError::Cuda { .. }
+        | BackendError::Exit { .. }
+        | BackendError::BadOutput { .. }
+        | BackendError::Unsupported { .. } => libc::EIO,
+    }
+}
+
+fn thread_errno(e: &ThreadError) -> i32 {
+    match e {
+        ThreadError::Ptrace { errno, .. } if *errno > 0 => *errno,
+        ThreadError::Ptrace { .. } => libc::EIO,
+        ThreadError::StopTimeout { .. } => libc::ETIMEDOUT,
+        ThreadError::Gone { .. } => libc::ESRCH,
+    }
+}
+
+impl PluginError {
+    /// The negative errno an entry point returns for this error. Never `-ENOTSUP`, which CRIU
+    /// reads as "not mine" rather than as a failure.
+    #[must_use]
+    pub fn to_errno(&self) -> i32 {
+        let e = match self {
+            PluginError::Option(_) | PluginError::DeviceMap(_) => libc::EINVAL,
+            PluginError::Select(_) | PluginError::RestoreImpossible(_) => libc::ENODEV,
+            PluginError::Inventory(_) => libc::EIO,
+            PluginError::Engine(e) => match e {
+                EngineError::Backend { cause, .. } => backend_errno(cause),
+                EngineError::Thread { cause, .. } => thread_errno(cause),
+                EngineError::BadState { .. } => libc::EIO,
+                EngineError::Inventory { .. }
+                | EngineError::ImageIo { .. }
+                | EngineError::ImageFormat { .. }
+                | EngineError::RollbackIncomplete { .. } => libc::EIO,
+            },
+        };
+        let e = if e == libc::ENOTSUP { libc::EIO } else { e };
+        -e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{BackendKind, Op};
+    use crate::engine::Step;
+    use std::time::Duration;
+
+    #[test]
+    fn errno_mapping_is_negative_and_never_enotsup() {
+        let t = PluginError::Engine(EngineError::Backend {
+            step: Step::Pause,
+            pid: 1,
+            cause: BackendError::Timeout {
+                backend: BackendKind::CudaCheckpoint,
+                op: Op::Lock,
+                pid: 1,
+                after: Duration::from_secs(1),
+            },
+        });
+        assert_eq!(t.to_errno(), -libc::ETIMEDOUT);
+        assert_eq!(
+            t.to_string(),
+            "PAUSE_DEVICES pid 1: failed to lock pid 1 via cuda-checkpoint: timed out after 1s"
+        );
+        let p = PluginError::Engine(EngineError::Thread {
+            step: Step::Checkpoint,
+            pid: 1,
+            cause: ThreadError::Ptrace {
+                step: "x",
+                tid: 2,
+                errno: libc::ENOTSUP,
+            },
+        });
+        assert_eq!(
+            p.to_errno(),
+            -libc::EIO,
+            "-ENOTSUP would read as 'not mine'"
+        );
+        let o = PluginError::Option(OptionError::Unknown { name: "x".into() });
+        assert_eq!(o.to_errno(), -libc::EINVAL);
+    }
+}

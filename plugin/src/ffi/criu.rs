@@ -1,0 +1,428 @@
+//! CRIU's services and data, found with `dlsym(RTLD_DEFAULT, …)` at run time.
+//!
+//! CRIU is linked with `-rdynamic`, so its globals are visible to plugins. They are never
+//! imported as plain externs: a Rust cdylib binds every import at load (`BIND_NOW`), so one
+//! symbol the host lacks (`has_inventory_plugin` on 4.1, for example) would make `dlopen` fail and
+//! abort the whole dump. Every look-up here may come back empty; callers degrade and log why.
+//!
+//! | Symbol | Signature / layout | Since |
+//! |---|---|---|
+//! | `print_on_level` | `void (unsigned level, const char *fmt, ...)` | always |
+//! | `add_inventory_plugin` | `int (const char *name)` | 4.0 |
+//! | `check_and_remove_inventory_plugin` | `bool (const char *name, size_t n)` (prefix match on `n` bytes); `bool (const char *name)` (exact) on hosts with `has_inventory_plugin` | 4.0 / proposed |
+//! | `has_inventory_plugin` | `bool (const char *name)` | proposed |
+//! | `criu_get_image_dir` | `int (void)` | 4.0 |
+//! | `criu_plugin_get_options` | `int (int *argc, char ***argv)` | upstream (#3138) |
+//! | `img_streamer_open` | `int (char *name, int flags)` | 4.0 |
+//! | `set_compel_interrupt_only_mode` | `void (void)` | 4.0 |
+//! | `opts` | `struct cr_options`: `final_state` (int) at +0, `timeout` (unsigned) at +0x160 | stable offsets 4.1 … dev |
+//! | `fi_strategy` | `int` | 4.0 |
+//! | `cr_plugin_ctl` | list heads; ELF size = 16 × (hook count + 1) | 4.0 |
+
+use crate::backend::Pid;
+use crate::host::{Host, HostError, Level};
+use crate::session::InventoryAnswer;
+use crate::PLUGIN_NAME;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::FromRawFd;
+use std::ptr::NonNull;
+
+type PrintOnLevelFn = unsafe extern "C" fn(c_uint, *const c_char, ...);
+type AddInventoryFn = unsafe extern "C" fn(*const c_char) -> c_int;
+type CheckRemovePrefixFn = unsafe extern "C" fn(*const c_char, usize) -> bool;
+type CheckRemoveExactFn = unsafe extern "C" fn(*const c_char) -> bool;
+type HasInventoryFn = unsafe extern "C" fn(*const c_char) -> bool;
+type GetImageDirFn = unsafe extern "C" fn() -> c_int;
+type GetOptionsFn = unsafe extern "C" fn(*mut c_int, *mut *mut *mut c_char) -> c_int;
+type VoidFn = unsafe extern "C" fn();
+type StreamerOpenFn = unsafe extern "C" fn(*mut c_char, c_int) -> c_int;
+
+/// `RTLD_DL_SYMENT` from `<dlfcn.h>` (not in the libc crate).
+const RTLD_DL_SYMENT: c_int = 1;
+/// Offsets in `struct cr_options` that are stable from 4.1.1 to the development line (x86_64).
+const OPTS_FINAL_STATE: usize = 0;
+const OPTS_TIMEOUT: usize = 0x160;
+/// `O_DUMP` of CRIU's image code: `img_streamer_open` insists on exactly this for writing.
+const STREAMER_O_DUMP: c_int = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC;
+const STREAMER_O_RSTR: c_int = libc::O_RDONLY;
+
+/// The address of CRIU's global `name`, or `None`.
+fn lookup(name: &CStr) -> Option<NonNull<c_void>> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only reads loader tables.
+    NonNull::new(unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) })
+}
+
+/// Looks up a CRIU function and gives it its C type.
+macro_rules! criu_fn {
+    ($name:literal, $ty:ty) => {
+        lookup($name).map(|p| {
+            // SAFETY: the symbol is CRIU's exported function of that name, whose C signature is
+            // the one in the table of the module docs and in `$ty`; data and function pointers
+            // have the same size and representation on the supported (LP64 Linux) targets.
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(p.as_ptr()) }
+        })
+    };
+}
+
+/// The ELF symbol size of the object at `addr` (`dladdr1` with `RTLD_DL_SYMENT`).
+fn symbol_size(addr: NonNull<c_void>) -> Option<usize> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let mut sym: *mut libc::Elf64_Sym = std::ptr::null_mut();
+    // SAFETY: `info` and `sym` are valid out-pointers of the types dladdr1 writes for
+    // RTLD_DL_SYMENT (a Dl_info and a `const ElfW(Sym) *`).
+    let found = unsafe {
+        libc::dladdr1(
+            addr.as_ptr(),
+            info.as_mut_ptr(),
+            (&raw mut sym).cast::<*mut c_void>(),
+            RTLD_DL_SYMENT,
+        )
+    };
+    if found == 0 || sym.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr1 succeeded and set `sym` to the loader's symbol table entry, which stays
+    // valid while the object is loaded (CRIU's executable: forever).
+    usize::try_from(unsafe { (*sym).st_size }).ok()
+}
+
+/// The ELF size of CRIU's `cr_plugin_ctl` (for [`crate::hooks::choose`]).
+#[must_use]
+pub fn plugin_ctl_size() -> Option<usize> {
+    symbol_size(lookup(c"cr_plugin_ctl")?)
+}
+
+/// Reads a 32-bit value at `offset` in CRIU's data object `name`, after checking the object's
+/// ELF size covers it.
+fn read_u32(name: &CStr, offset: usize) -> Option<u32> {
+    let base = lookup(name)?;
+    let size = symbol_size(base)?;
+    if size < offset + 4 {
+        return None;
+    }
+    // SAFETY: the object is `size` bytes long (its ELF symbol size), so `offset..offset + 4` is
+    // inside it; CRIU's globals are at least 4-byte aligned at these offsets (an int/unsigned
+    // field), and read_unaligned makes no alignment assumption anyway. CRIU writes these fields
+    // before plugins are initialised and not concurrently with the hooks.
+    Some(unsafe {
+        base.as_ptr()
+            .cast::<u8>()
+            .add(offset)
+            .cast::<u32>()
+            .read_unaligned()
+    })
+}
+
+/// CRIU's `opts.final_state` (TASK_ALIVE = 1 with `--leave-running`).
+#[must_use]
+pub fn opts_final_state() -> Option<i32> {
+    read_u32(c"opts", OPTS_FINAL_STATE).map(|v| v as i32)
+}
+
+/// CRIU's `opts.timeout` in seconds.
+#[must_use]
+pub fn opts_timeout() -> Option<u32> {
+    read_u32(c"opts", OPTS_TIMEOUT)
+}
+
+/// CRIU's `fi_strategy` (fault injection number).
+#[must_use]
+pub fn fault_strategy() -> Option<i32> {
+    read_u32(c"fi_strategy", 0).map(|v| v as i32)
+}
+
+/// Logs `msg` with the `cuda_plugin: ` prefix through `print_on_level(level, "%s", …)`, or to
+/// stderr when CRIU's logger is absent (unit tests, other hosts).
+pub fn log(level: u32, msg: &str) {
+    let line = format!("{PLUGIN_NAME}: {msg}\n");
+    match criu_fn!(c"print_on_level", PrintOnLevelFn) {
+        Some(print) => {
+            let c = CString::new(line.replace('\0', "\\0")).unwrap_or_default();
+            // SAFETY: print_on_level is CRIU's variadic logger; the format is the constant "%s"
+            // and its one argument is a valid NUL-terminated string, so user text is never
+            // interpreted as a format.
+            unsafe { print(level, c"%s".as_ptr(), c.as_ptr()) };
+        }
+        None => eprint!("{line}"),
+    }
+}
+
+/// `criu_plugin_get_options`: copies of the strings after `argv[0]`, or `None` when the host
+/// lacks the service (or it fails). CRIU's array is only read.
+#[must_use]
+pub fn plugin_options() -> Option<Vec<String>> {
+    let get = criu_fn!(c"criu_plugin_get_options", GetOptionsFn)?;
+    let mut argc: c_int = 0;
+    let mut argv: *mut *mut c_char = std::ptr::null_mut();
+    // SAFETY: both out-pointers are valid; CRIU fills them with its own array, which it owns.
+    let r = unsafe { get(&mut argc, &mut argv) };
+    if r != 0 || argv.is_null() {
+        log(
+            abi::criu::log_level::WARN,
+            &format!(
+                "criu_plugin_get_options failed ({r}); using {}",
+                crate::env::OPTIONS
+            ),
+        );
+        return None;
+    }
+    let argc = usize::try_from(argc).unwrap_or(0);
+    let mut out = Vec::with_capacity(argc.saturating_sub(1));
+    for i in 1..argc {
+        // SAFETY: CRIU's contract: `argv` has `argc` entries followed by NULL, each a
+        // NUL-terminated string or NULL; we read them and copy, never write.
+        let p = unsafe { *argv.add(i) };
+        if p.is_null() {
+            break;
+        }
+        // SAFETY: as above, `p` is a valid NUL-terminated string owned by CRIU.
+        out.push(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
+    }
+    Some(out)
+}
+
+/// `set_compel_interrupt_only_mode()`: makes CRIU stop tasks with PTRACE_INTERRUPT instead of
+/// the cgroup freezer, which would also freeze the restore threads. Returns false if absent.
+pub fn set_interrupt_only_mode() -> bool {
+    match criu_fn!(c"set_compel_interrupt_only_mode", VoidFn) {
+        Some(f) => {
+            // SAFETY: a CRIU function without arguments that sets a global flag.
+            unsafe { f() };
+            true
+        }
+        None => false,
+    }
+}
+
+fn name_c() -> CString {
+    CString::new(PLUGIN_NAME).unwrap_or_default()
+}
+
+/// Whether the image inventory lists `cuda_plugin`, matched exactly.
+///
+/// With `has_inventory_plugin` (the #3076 line) the query consumes nothing. Otherwise CRIU 4.1's
+/// destructive two-argument `check_and_remove_inventory_plugin` is called with `strlen + 1`
+/// bytes, so the comparison includes the terminating NUL and `cuda_plugin_v2` does not match.
+#[must_use]
+pub fn inventory_query() -> InventoryAnswer {
+    let name = name_c();
+    if let Some(has) = criu_fn!(c"has_inventory_plugin", HasInventoryFn) {
+        // SAFETY: a CRIU query taking a NUL-terminated name; it only reads it.
+        return if unsafe { has(name.as_ptr()) } {
+            InventoryAnswer::Listed { consumed: false }
+        } else {
+            InventoryAnswer::NotListed
+        };
+    }
+    match criu_fn!(c"check_and_remove_inventory_plugin", CheckRemovePrefixFn) {
+        Some(check) => {
+            let n = name.as_bytes_with_nul().len();
+            // SAFETY: CRIU 4.x's `bool (const char *, size_t)`; it compares at most `n` bytes of
+            // the NUL-terminated `name`, which has exactly `n` bytes including the NUL.
+            if unsafe { check(name.as_ptr(), n) } {
+                InventoryAnswer::Listed { consumed: true }
+            } else {
+                InventoryAnswer::NotListed
+            }
+        }
+        None => InventoryAnswer::Unknown("CRIU exports no inventory query".into()),
+    }
+}
+
+/// Consumes the inventory entry on hosts where [`inventory_query`] did not.
+pub fn inventory_consume() -> Result<(), String> {
+    if lookup(c"has_inventory_plugin").is_none() {
+        return Err("no exact-match check_and_remove_inventory_plugin on this host".into());
+    }
+    let check = criu_fn!(c"check_and_remove_inventory_plugin", CheckRemoveExactFn)
+        .ok_or_else(|| "CRIU exports no check_and_remove_inventory_plugin".to_owned())?;
+    let name = name_c();
+    // SAFETY: on hosts with has_inventory_plugin, check_and_remove_inventory_plugin is the
+    // one-argument exact form `bool (const char *)`; `name` is NUL-terminated.
+    if unsafe { check(name.as_ptr()) } {
+        Ok(())
+    } else {
+        Err("check_and_remove_inventory_plugin(\"cuda_plugin\") found no entry".into())
+    }
+}
+
+/// The image directory descriptor (`criu_get_image_dir()`).
+fn image_dir() -> Result<c_int, HostError> {
+    let f = criu_fn!(c"criu_get_image_dir", GetImageDirFn)
+        .ok_or(HostError::Missing("criu_get_image_dir"))?;
+    // SAFETY: a CRIU getter without arguments returning a descriptor number.
+    let fd = unsafe { f() };
+    if fd < 0 {
+        return Err(HostError::Failed {
+            service: "criu_get_image_dir",
+        });
+    }
+    Ok(fd)
+}
+
+/// Whether `name` exists in the directory `dir` (used to detect `--stream`).
+fn exists_at(dir: c_int, name: &CStr) -> bool {
+    // SAFETY: faccessat only reads the NUL-terminated path relative to a directory descriptor.
+    unsafe { libc::faccessat(dir, name.as_ptr(), libc::F_OK, 0) == 0 }
+}
+
+/// Opens a streamed image through CRIU's image streamer.
+fn streamer_open(name: &CString, flags: c_int) -> Result<c_int, HostError> {
+    let open = criu_fn!(c"img_streamer_open", StreamerOpenFn)
+        .ok_or(HostError::Missing("img_streamer_open"))?;
+    let mut buf = name.as_bytes_with_nul().to_vec();
+    // SAFETY: img_streamer_open takes a writable NUL-terminated name (it only reads it; the
+    // copy makes the mutability moot) and a flag value it accepts (O_DUMP or O_RSTR).
+    Ok(unsafe { open(buf.as_mut_ptr().cast::<c_char>(), flags) })
+}
+
+/// Takes ownership of a fresh descriptor.
+fn own(fd: c_int) -> File {
+    // SAFETY: `fd` was just returned by openat/img_streamer_open, is valid, and nothing else
+    // owns it.
+    unsafe { File::from_raw_fd(fd) }
+}
+
+fn io_err(what: &'static str, name: &str, source: std::io::Error) -> HostError {
+    HostError::Io {
+        what,
+        name: name.to_owned(),
+        source,
+    }
+}
+
+/// Writes the image file `name` in CRIU's image directory (or to the streamer under `--stream`).
+pub fn write_image(name: &str, data: &[u8]) -> Result<(), HostError> {
+    let dir = image_dir()?;
+    let cname = CString::new(name).map_err(|e| io_err("name", name, e.into()))?;
+    let fd = if exists_at(dir, c"streamer-capture.sock") {
+        streamer_open(&cname, STREAMER_O_DUMP)?
+    } else {
+        // SAFETY: openat with a directory descriptor, a NUL-terminated flat name, and a mode.
+        unsafe {
+            libc::openat(
+                dir,
+                cname.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        }
+    };
+    if fd < 0 {
+        let e = if fd == -1 {
+            std::io::Error::last_os_error()
+        } else {
+            std::io::Error::from_raw_os_error(-fd)
+        };
+        return Err(io_err("cannot create image", name, e));
+    }
+    own(fd)
+        .write_all(data)
+        .map_err(|e| io_err("cannot write image", name, e))
+}
+
+/// Reads the image file `name`; `None` when it does not exist.
+pub fn read_image(name: &str) -> Result<Option<Vec<u8>>, HostError> {
+    let dir = image_dir()?;
+    let cname = CString::new(name).map_err(|e| io_err("name", name, e.into()))?;
+    let fd = if exists_at(dir, c"streamer-serve.sock") {
+        let fd = streamer_open(&cname, STREAMER_O_RSTR)?;
+        if fd == -libc::ENOENT {
+            return Ok(None);
+        }
+        if fd < 0 {
+            return Err(io_err(
+                "cannot open image",
+                name,
+                std::io::Error::from_raw_os_error(-fd),
+            ));
+        }
+        fd
+    } else {
+        // SAFETY: openat with a directory descriptor and a NUL-terminated flat name.
+        let fd = unsafe { libc::openat(dir, cname.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                return Ok(None);
+            }
+            return Err(io_err("cannot open image", name, e));
+        }
+        fd
+    };
+    let mut buf = Vec::new();
+    own(fd)
+        .read_to_end(&mut buf)
+        .map_err(|e| io_err("cannot read image", name, e))?;
+    Ok(Some(buf))
+}
+
+/// The [`Host`] backed by CRIU's services.
+#[derive(Debug, Default)]
+pub struct CriuHost;
+
+impl Host for CriuHost {
+    fn log(&self, level: Level, msg: &str) {
+        log(level.criu(), msg);
+    }
+
+    fn add_inventory_entry(&mut self) -> Result<(), HostError> {
+        let add = criu_fn!(c"add_inventory_plugin", AddInventoryFn)
+            .ok_or(HostError::Missing("add_inventory_plugin"))?;
+        let name = name_c();
+        // SAFETY: CRIU's `int (const char *)`; it copies the NUL-terminated name.
+        if unsafe { add(name.as_ptr()) } == 0 {
+            Ok(())
+        } else {
+            Err(HostError::Failed {
+                service: "add_inventory_plugin",
+            })
+        }
+    }
+
+    fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError> {
+        write_image(&crate::image::file_name(pid), data)
+    }
+
+    fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
+        read_image(&crate::image::file_name(pid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_criu_every_service_is_absent_and_degrades() {
+        assert_eq!(plugin_ctl_size(), None);
+        assert_eq!(opts_timeout(), None);
+        assert_eq!(opts_final_state(), None);
+        assert_eq!(fault_strategy(), None);
+        assert_eq!(plugin_options(), None);
+        assert!(!set_interrupt_only_mode());
+        assert!(matches!(inventory_query(), InventoryAnswer::Unknown(_)));
+        assert!(inventory_consume().is_err());
+        assert!(matches!(
+            CriuHost.add_inventory_entry(),
+            Err(HostError::Missing("add_inventory_plugin"))
+        ));
+        assert!(matches!(
+            read_image("x"),
+            Err(HostError::Missing("criu_get_image_dir"))
+        ));
+        log(
+            abi::criu::log_level::INFO,
+            "logging falls back to stderr with %s %n intact",
+        );
+    }
+
+    #[test]
+    fn symbol_size_reads_elf_sizes() {
+        // A libc data object with a known size.
+        let p = lookup(c"environ").expect("environ is exported");
+        assert_eq!(symbol_size(p), Some(std::mem::size_of::<*mut c_void>()));
+    }
+}

@@ -1,0 +1,418 @@
+//! What CRIU sees: `CR_PLUGIN_DESC`, the load-time constructor, and the `extern "C"` entry
+//! points.
+//!
+//! ```text
+//! CR_PLUGIN_DESC (cr_plugin_desc_t, 32 + 8 * 17 bytes)
+//!   +0   name        "cuda_plugin"
+//!   +8   init        cuda_plugin_init(stage)
+//!   +16  exit        cuda_plugin_exit(stage, ret)
+//!   +24  version     0x200 (never 0x100: CRIU frees "old" descriptors)
+//!   +28  max_hooks   17, lowered by the constructor to the host's count
+//!   +32  hooks[17]   [9] RESUME_DEVICES_LATE  [10] PAUSE_DEVICES
+//!                    [11] CHECKPOINT_DEVICES  [16] DUMP_FINISH; the rest NULL
+//! ```
+//!
+//! Every entry point runs its body under [`guard`]: a panic is caught, logged through CRIU's
+//! logger, and becomes -1 (or nothing, for `exit`). The plugin's state lives in one mutex-guarded
+//! global, reset by every `init` (CRIU's service mode may load the same file again).
+
+use super::{criu, cuda, ptrace};
+use crate::backend::cli::{probe_cli, CliProbe, ProcessRunner};
+use crate::backend::driver::{probe_driver, DriverProbe};
+use crate::engine::{Engine, EngineError, Outcome};
+use crate::env::Environment;
+use crate::error::PluginError;
+use crate::hooks::{self, MaxHooks};
+use crate::host::Level;
+use crate::select::Selected;
+use crate::session::{self, InitContext, InitServices, InventoryAnswer, Start};
+use abi::criu::{CrPluginDesc, Hook, Stage, CRIU_PLUGIN_VERSION, HOOK_COUNT_BUILD};
+use std::cell::UnsafeCell;
+use std::ffi::{c_int, c_void, OsStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The exported descriptor: a `cr_plugin_desc_t` the constructor may patch.
+#[repr(transparent)]
+#[derive(Debug)]
+pub struct Descriptor(UnsafeCell<CrPluginDesc>);
+
+// SAFETY: the only write (max_hooks, in the constructor) happens inside dlopen, before CRIU or
+// any other thread can read the descriptor; afterwards it is read-only.
+unsafe impl Sync for Descriptor {}
+
+const fn hook_table() -> [*mut c_void; HOOK_COUNT_BUILD] {
+    let mut h = [std::ptr::null_mut(); HOOK_COUNT_BUILD];
+    h[Hook::RESUME_DEVICES_LATE.0] =
+        resume_devices_late as extern "C" fn(c_int) -> c_int as *mut c_void;
+    h[Hook::PAUSE_DEVICES.0] = pause_devices as extern "C" fn(c_int) -> c_int as *mut c_void;
+    h[Hook::CHECKPOINT_DEVICES.0] =
+        checkpoint_devices as extern "C" fn(c_int) -> c_int as *mut c_void;
+    h[Hook::DUMP_FINISH.0] = dump_finish as extern "C" fn(c_int) -> c_int as *mut c_void;
+    h
+}
+
+/// `CR_PLUGIN_DESC`, read by CRIU's loader with `dlsym`.
+#[unsafe(no_mangle)]
+pub static CR_PLUGIN_DESC: Descriptor = Descriptor(UnsafeCell::new(CrPluginDesc {
+    name: c"cuda_plugin".as_ptr(),
+    init: Some(cuda_plugin_init),
+    exit: Some(cuda_plugin_exit),
+    version: CRIU_PLUGIN_VERSION,
+    max_hooks: HOOK_COUNT_BUILD as u32,
+    hooks: hook_table(),
+}));
+
+/// The constructor's decision, logged by `init`.
+static MAX_HOOKS: OnceLock<MaxHooks> = OnceLock::new();
+
+/// Runs inside `dlopen`, before CRIU reads the descriptor: lowers `max_hooks` to what the host
+/// accepts (see [`crate::hooks`]).
+extern "C" fn constructor() {
+    let _ = catch_unwind(|| {
+        let choice = hooks::choose(
+            crate::env::max_hooks_override().as_deref(),
+            criu::plugin_ctl_size(),
+        );
+        // SAFETY: we are inside dlopen of this library; nothing else can access the descriptor
+        // yet (see the `Sync` impl), and the pointer from UnsafeCell::get is valid and aligned.
+        unsafe { (*CR_PLUGIN_DESC.0.get()).max_hooks = choice.count };
+        let _ = MAX_HOOKS.set(choice);
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static CONSTRUCTOR: extern "C" fn() = constructor;
+
+/// The plugin's state between `init` and `exit`.
+struct Active {
+    stage: Stage,
+    /// `None` when the plugin is disabled for this operation.
+    engine: Option<Engine>,
+    started: Instant,
+}
+
+static ACTIVE: Mutex<Option<Active>> = Mutex::new(None);
+
+fn active() -> std::sync::MutexGuard<'static, Option<Active>> {
+    ACTIVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn log(level: Level, msg: &str) {
+    criu::log(level.criu(), msg);
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// The panic boundary of every entry point: runs `body`, and on a panic logs it and returns
+/// `fallback`.
+pub fn guard<R>(entry: &str, fallback: R, body: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(p) => {
+            log(
+                Level::Error,
+                &format!("panic in {entry}: {}; failing the call", panic_message(&*p)),
+            );
+            fallback
+        }
+    }
+}
+
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            log(Level::Error, &format!("panic: {info}"));
+        }));
+    });
+}
+
+/// The production [`InitServices`].
+struct RealServices;
+
+impl InitServices for RealServices {
+    fn probe_driver(&mut self, call_init: bool) -> DriverProbe {
+        probe_driver(cuda::load(), call_init)
+    }
+    fn probe_cli(
+        &mut self,
+        program: Option<&Path>,
+        path: Option<&OsStr>,
+        timeout: Option<Duration>,
+    ) -> CliProbe {
+        probe_cli(program, path, &mut ProcessRunner, timeout)
+    }
+    fn inventory_query(&mut self) -> InventoryAnswer {
+        criu::inventory_query()
+    }
+    fn inventory_consume(&mut self) -> Result<(), String> {
+        criu::inventory_consume()
+    }
+}
+
+fn init(stage: Stage) -> c_int {
+    *active() = None;
+    install_panic_hook();
+    let mh = MAX_HOOKS
+        .get()
+        .cloned()
+        .unwrap_or_else(|| hooks::choose(None, None));
+    log(
+        Level::Info,
+        &format!(
+            "{} {}: init({}), max_hooks {} ({}), DUMP_FINISH {}",
+            crate::PLUGIN_NAME,
+            crate::PLUGIN_VERSION,
+            stage.name(),
+            mh.count,
+            mh.reason,
+            if mh.has_dump_finish() {
+                "available"
+            } else {
+                "unavailable: rollback runs in exit"
+            }
+        ),
+    );
+    let ctx = InitContext {
+        stage,
+        host_options: criu::plugin_options(),
+        env: Environment::from_process(),
+        nvidia_gpu_present: Path::new("/proc/driver/nvidia/gpus/").is_dir(),
+        fault: criu::fault_strategy(),
+        criu_timeout: criu::opts_timeout(),
+        final_state: criu::opts_final_state(),
+    };
+    if ctx.final_state.is_none() && stage == Stage::DUMP {
+        log(
+            Level::Warn,
+            "cannot read CRIU's opts.final_state; assuming the tasks do not stay running",
+        );
+    }
+    match session::start(&ctx, &mut RealServices) {
+        Ok(Start::Disabled { reason, warn }) => {
+            log(
+                if warn { Level::Warn } else { Level::Info },
+                &format!("disabled: {reason}"),
+            );
+            *active() = Some(Active {
+                stage,
+                engine: None,
+                started: Instant::now(),
+            });
+            0
+        }
+        Ok(Start::Enabled(plan)) => {
+            for n in &plan.notes {
+                log(Level::Info, n);
+            }
+            match &plan.selected {
+                Selected::Driver { version, init, .. } => {
+                    log(
+                        Level::Info,
+                        &format!("backend driver-api ({} {version})", cuda::LIBRARY),
+                    );
+                    if let Some(code) = init.filter(|c| !c.is_success()) {
+                        log(Level::Warn, &format!("cuInit(0) failed with {code}; restore needs an initialised driver or persistence mode"));
+                    }
+                }
+                Selected::Cli {
+                    program,
+                    device_map,
+                } => log(
+                    Level::Info,
+                    &format!(
+                        "backend cuda-checkpoint ({}, --device-map {})",
+                        program.display(),
+                        if *device_map {
+                            "supported"
+                        } else {
+                            "unsupported"
+                        }
+                    ),
+                ),
+            }
+            if stage == Stage::DUMP && !criu::set_interrupt_only_mode() {
+                log(Level::Warn, "CRIU has no set_compel_interrupt_only_mode; a cgroup freezer would also freeze restore threads");
+            }
+            let backend =
+                session::build_backend(plan.selected, plan.cfg.timeout, Arc::new(super::pin_self));
+            let engine = Engine::new(
+                backend,
+                Box::new(ptrace::Ptrace),
+                Box::new(criu::CriuHost),
+                plan.cfg,
+            );
+            *active() = Some(Active {
+                stage,
+                engine: Some(engine),
+                started: Instant::now(),
+            });
+            0
+        }
+        Err(e) => {
+            log(Level::Error, &format!("init({}) failed: {e}", stage.name()));
+            e.to_errno()
+        }
+    }
+}
+
+/// Runs a per-task hook: `-ENOTSUP` when disabled or in the wrong stage.
+fn per_task(
+    name: &str,
+    stage: Stage,
+    pid: c_int,
+    f: impl FnOnce(&mut Engine, i32) -> Result<Outcome, EngineError>,
+) -> c_int {
+    let mut guard = active();
+    let Some(Active {
+        stage: s,
+        engine: Some(engine),
+        ..
+    }) = guard.as_mut()
+    else {
+        return -libc::ENOTSUP;
+    };
+    if *s != stage {
+        return -libc::ENOTSUP;
+    }
+    let t = Instant::now();
+    let r = f(engine, pid);
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    match r {
+        Ok(Outcome::Handled) => {
+            log(
+                Level::Debug,
+                &format!("{name} pid {pid}: done in {ms:.1} ms"),
+            );
+            0
+        }
+        Ok(Outcome::NotMine) => -libc::ENOTSUP,
+        Err(e) => {
+            log(Level::Error, &format!("{e} (after {ms:.1} ms)"));
+            PluginError::from(e).to_errno()
+        }
+    }
+}
+
+extern "C" fn cuda_plugin_init(stage: c_int) -> c_int {
+    guard("init", -1, || init(Stage(stage)))
+}
+
+extern "C" fn cuda_plugin_exit(stage: c_int, ret: c_int) {
+    guard("exit", (), || {
+        let Some(mut a) = active().take() else { return };
+        if let Some(engine) = a.engine.as_mut() {
+            if a.stage == Stage::DUMP && Stage(stage) == Stage::DUMP {
+                // No-op when DUMP_FINISH already ran; errors are logged by the engine.
+                let _ = engine.dump_finish(ret);
+            }
+            if let Some(n) = engine.backend().executions() {
+                log(
+                    Level::Info,
+                    &format!("cuda-checkpoint ran {n} time(s) in this {}", a.stage.name()),
+                );
+            }
+        }
+        log(
+            Level::Info,
+            &format!(
+                "exit({}, {ret}) after {:.1} ms",
+                Stage(stage).name(),
+                a.started.elapsed().as_secs_f64() * 1000.0
+            ),
+        );
+    });
+}
+
+extern "C" fn pause_devices(pid: c_int) -> c_int {
+    guard("PAUSE_DEVICES", -1, || {
+        per_task("PAUSE_DEVICES", Stage::DUMP, pid, Engine::pause_devices)
+    })
+}
+
+extern "C" fn checkpoint_devices(pid: c_int) -> c_int {
+    guard("CHECKPOINT_DEVICES", -1, || {
+        per_task(
+            "CHECKPOINT_DEVICES",
+            Stage::DUMP,
+            pid,
+            Engine::checkpoint_devices,
+        )
+    })
+}
+
+extern "C" fn resume_devices_late(pid: c_int) -> c_int {
+    guard("RESUME_DEVICES_LATE", -1, || {
+        per_task(
+            "RESUME_DEVICES_LATE",
+            Stage::RESTORE,
+            pid,
+            Engine::resume_devices_late,
+        )
+    })
+}
+
+extern "C" fn dump_finish(ret: c_int) -> c_int {
+    guard("DUMP_FINISH", -1, || {
+        let mut guard = active();
+        let Some(Active {
+            stage: Stage::DUMP,
+            engine: Some(engine),
+            ..
+        }) = guard.as_mut()
+        else {
+            return -libc::ENOTSUP;
+        };
+        match engine.dump_finish(ret) {
+            Ok(()) => 0,
+            Err(e) => PluginError::from(e).to_errno(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_descriptor_is_what_criu_expects() {
+        // SAFETY: test-only read of the descriptor; the constructor ran before main and nothing writes it now.
+        let d = unsafe { &*CR_PLUGIN_DESC.0.get() };
+        assert_eq!(d.version, 0x200);
+        assert_ne!(d.version, abi::criu::CRIU_PLUGIN_VERSION_OLD);
+        // SAFETY: `name` points to a static NUL-terminated string.
+        assert_eq!(unsafe { std::ffi::CStr::from_ptr(d.name) }, c"cuda_plugin");
+        assert_eq!(
+            d.max_hooks, 12,
+            "no cr_plugin_ctl in the test binary: clamped to CRIU 4.1"
+        );
+        for (i, h) in d.hooks.iter().enumerate() {
+            let wanted = [9, 10, 11, 16].contains(&i);
+            assert_eq!(!h.is_null(), wanted, "hook slot {i}");
+        }
+    }
+
+    #[test]
+    fn hooks_return_enotsup_when_not_initialised_and_panics_become_the_fallback() {
+        assert_eq!(pause_devices(1), -libc::ENOTSUP);
+        assert_eq!(checkpoint_devices(1), -libc::ENOTSUP);
+        assert_eq!(resume_devices_late(1), -libc::ENOTSUP);
+        assert_eq!(dump_finish(0), -libc::ENOTSUP);
+        assert_eq!(guard("test", -1, || -> c_int { panic!("deliberate") }), -1);
+        assert_eq!(guard("test", 7, || 3), 3);
+    }
+}

@@ -1,0 +1,70 @@
+//! Every line of `unsafe` in the plugin lives under this module.
+//!
+//! | Module | Unsafe operations |
+//! |---|---|
+//! | [`exports`] | `CR_PLUGIN_DESC`, the `.init_array` constructor that clamps `max_hooks`, and the `extern "C"` entry points, each under one panic guard |
+//! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (`print_on_level`, the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |
+//! | [`cuda`] | `libcuda.so.1` opened with libloading, and the driver calls |
+//! | [`ptrace`] | resuming and re-stopping one traced thread |
+//! | [`spawn`] | marking inherited descriptors close-on-exec in `cuda-checkpoint` children |
+//!
+//! Each `unsafe` block carries a `// SAFETY:` comment. The rest of the crate is
+//! `#![deny(unsafe_code)]` and reaches these operations only through safe functions.
+
+pub mod criu;
+pub mod cuda;
+pub mod exports;
+pub mod ptrace;
+pub mod spawn;
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Keeps this library mapped for the rest of the process's life (`RTLD_NODELETE`).
+///
+/// Called when a driver call is abandoned on timeout: its worker thread may return into this
+/// library's code after CRIU has `dlclose`d it. Idempotent.
+pub fn pin_self() {
+    static PINNED: AtomicBool = AtomicBool::new(false);
+    if PINNED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let addr = pin_self as fn() as *const c_void;
+    // SAFETY: `addr` is the address of a function of this library and `info` points to writable
+    // memory of the right type; dladdr only writes to `info`.
+    let found = unsafe { libc::dladdr(addr, info.as_mut_ptr()) };
+    if found == 0 {
+        return;
+    }
+    // SAFETY: dladdr returned non-zero, so it initialised `info`.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return;
+    }
+    // SAFETY: `dli_fname` is a NUL-terminated path owned by the loader, valid while the library
+    // is loaded, which it is (we are running its code). RTLD_NOLOAD only takes a reference on the
+    // already loaded object; RTLD_NODELETE makes it permanent. The handle is deliberately leaked.
+    let handle = unsafe {
+        libc::dlopen(
+            info.dli_fname,
+            libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+        )
+    };
+    let name = {
+        // SAFETY: as above, a valid NUL-terminated string owned by the loader.
+        let c = unsafe { CStr::from_ptr(info.dli_fname) };
+        c.to_string_lossy().into_owned()
+    };
+    if handle.is_null() {
+        criu::log(
+            abi::criu::log_level::WARN,
+            &format!("cannot pin {name} in memory; an abandoned driver call may outlive it"),
+        );
+    } else {
+        criu::log(
+            abi::criu::log_level::INFO,
+            &format!("pinned {name} in memory: a driver call was abandoned"),
+        );
+    }
+}

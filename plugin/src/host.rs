@@ -1,0 +1,69 @@
+//! What the lifecycle engine needs from CRIU, as a trait: logging, the image inventory, and the
+//! per-task image files. The real implementation ([`crate::ffi::criu::CriuHost`]) calls CRIU's
+//! services found with `dlsym`; tests use a recording fake.
+
+use crate::backend::Pid;
+use std::fmt;
+
+/// A log level (CRIU's `print_on_level` levels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// CRIU records the first ERROR line as the operation's error; keep it for real failures.
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+impl Level {
+    /// The numeric level `print_on_level` takes.
+    #[must_use]
+    pub const fn criu(self) -> u32 {
+        use abi::criu::log_level;
+        match self {
+            Level::Error => log_level::ERROR,
+            Level::Warn => log_level::WARN,
+            Level::Info => log_level::INFO,
+            Level::Debug => log_level::DEBUG,
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Error => "error",
+            Level::Warn => "warn",
+            Level::Info => "info",
+            Level::Debug => "debug",
+        })
+    }
+}
+
+/// A failed host service.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("CRIU does not export {0}")]
+    Missing(&'static str),
+    #[error("{service} failed")]
+    Failed { service: &'static str },
+    #[error("{what} {name}: {source}")]
+    Io {
+        what: &'static str,
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// CRIU's services, as the engine uses them.
+pub trait Host: Send {
+    /// Logs one line (the implementation adds the `cuda_plugin: ` prefix).
+    fn log(&self, level: Level, msg: &str);
+    /// `add_inventory_plugin("cuda_plugin")`. The engine calls it at most once per dump.
+    fn add_inventory_entry(&mut self) -> Result<(), HostError>;
+    /// Writes the per-task image of `pid` (whole file, once).
+    fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError>;
+    /// Reads the per-task image of `pid`; `None` when there is none.
+    fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError>;
+}

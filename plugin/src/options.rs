@@ -1,0 +1,422 @@
+//! The plugin's options: `backend`, `device-map`, `timeout` and `cuda-checkpoint`.
+//!
+//! Sources, in order (see [`collect`]):
+//!
+//! 1. CRIU's `criu_plugin_get_options(&argc, &argv)` (merged upstream with #3138). Every plugin
+//!    sees every `--PLUGIN.NAME=VALUE` string, after a synthetic `argv[0]`. We take the strings in
+//!    the `cuda_plugin.` namespace, ignore the rest, and never modify CRIU's array (the FFI layer
+//!    copies the strings before this module sees them).
+//! 2. When the host has no such service, or it carried no `cuda_plugin.` option at all, the
+//!    environment variable `CRIU_PLUGIN_OPTIONS`: the same strings separated by whitespace, with or
+//!    without the leading `--`.
+//!
+//! Repeated options: the last one wins (CRIU keeps every value in order). An unknown
+//! `cuda_plugin.*` name, a missing `=VALUE` or an invalid value is an error naming the option and
+//! the allowed values; `init` then fails.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The option namespace (the plugin's descriptor name).
+pub const NAMESPACE: &str = "cuda_plugin";
+
+/// Environment variable read when the host cannot hand options over.
+pub const ENV_OPTIONS: &str = "CRIU_PLUGIN_OPTIONS";
+
+/// Which backend talks to the driver (`backend=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// Driver API when supported, else `cuda-checkpoint` (only when the driver is *unsupported*).
+    #[default]
+    Auto,
+    /// `libcuda.so.1`'s `cuCheckpointProcess*` entry points, or fail.
+    DriverApi,
+    /// The `cuda-checkpoint` utility, or fail.
+    CudaCheckpoint,
+}
+
+impl BackendChoice {
+    /// Every accepted spelling, for messages.
+    pub const ALLOWED: &'static str = "auto, driver-api, cuda-checkpoint";
+
+    /// The option spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::DriverApi => "driver-api",
+            BackendChoice::CudaCheckpoint => "cuda-checkpoint",
+        }
+    }
+
+    fn parse(v: &str) -> Option<Self> {
+        match v {
+            "auto" => Some(BackendChoice::Auto),
+            "driver-api" => Some(BackendChoice::DriverApi),
+            "cuda-checkpoint" => Some(BackendChoice::CudaCheckpoint),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `timeout=SECONDS`: absent means "follow CRIU's `--timeout`, else 10 s".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutOption {
+    /// `timeout=0`: wait forever.
+    Disabled,
+    /// `timeout=N`, N > 0.
+    Seconds(u32),
+}
+
+/// The parsed options. `Default` is "nothing given".
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Options {
+    /// `backend=` (default auto).
+    pub backend: BackendChoice,
+    /// `device-map=` as given; its grammar belongs to [`crate::device_map`]. `None` when absent;
+    /// an empty value is kept as `Some("")` and means "no map".
+    pub device_map: Option<String>,
+    /// `timeout=`.
+    pub timeout: Option<TimeoutOption>,
+    /// `cuda-checkpoint=PATH`; else the utility is looked up in `PATH`.
+    pub cuda_checkpoint: Option<PathBuf>,
+}
+
+/// The default per-operation timeout when neither the option nor CRIU's `opts.timeout` is known.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Options {
+    /// The per-operation timeout: the option, else CRIU's `--timeout` (seconds, 0 = none), else
+    /// [`DEFAULT_TIMEOUT`]. `None` means "no timeout".
+    #[must_use]
+    pub fn effective_timeout(&self, criu_timeout_secs: Option<u32>) -> Option<Duration> {
+        match self.timeout {
+            Some(TimeoutOption::Disabled) => None,
+            Some(TimeoutOption::Seconds(s)) => Some(Duration::from_secs(u64::from(s))),
+            None => match criu_timeout_secs {
+                Some(0) => None,
+                Some(s) => Some(Duration::from_secs(u64::from(s))),
+                None => Some(DEFAULT_TIMEOUT),
+            },
+        }
+    }
+
+    /// Renders the options back into `cuda_plugin.NAME=VALUE` strings (without `--`), in a fixed
+    /// order. Parsing the result yields `self` again (property-tested).
+    #[must_use]
+    pub fn to_strings(&self) -> Vec<String> {
+        let mut out = vec![format!("{NAMESPACE}.backend={}", self.backend)];
+        if let Some(m) = &self.device_map {
+            out.push(format!("{NAMESPACE}.device-map={m}"));
+        }
+        match self.timeout {
+            Some(TimeoutOption::Disabled) => out.push(format!("{NAMESPACE}.timeout=0")),
+            Some(TimeoutOption::Seconds(s)) => out.push(format!("{NAMESPACE}.timeout={s}")),
+            None => {}
+        }
+        if let Some(p) = &self.cuda_checkpoint {
+            out.push(format!("{NAMESPACE}.cuda-checkpoint={}", p.display()));
+        }
+        out
+    }
+}
+
+/// Why the options are unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionError {
+    #[error(
+        "unknown option {NAMESPACE}.{name} (known: backend, device-map, timeout, cuda-checkpoint)"
+    )]
+    Unknown { name: String },
+    #[error(
+        "option {NAMESPACE}.{name} needs a value ({NAMESPACE}.{name}=VALUE; allowed: {allowed})"
+    )]
+    MissingValue { name: String, allowed: &'static str },
+    #[error("invalid value {value:?} for option {NAMESPACE}.{name} (allowed: {allowed})")]
+    InvalidValue {
+        name: String,
+        value: String,
+        allowed: &'static str,
+    },
+}
+
+const TIMEOUT_ALLOWED: &str = "whole seconds from 0 to 4294967295, 0 = no timeout";
+const PATH_ALLOWED: &str = "a non-empty file path";
+const DEVICE_MAP_ALLOWED: &str = "see the device-map option's documentation";
+
+/// Where the option strings came from, for the init log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionSource {
+    /// `criu_plugin_get_options`.
+    Host,
+    /// `CRIU_PLUGIN_OPTIONS`.
+    Environment,
+    /// Neither carried any `cuda_plugin.` option.
+    None,
+}
+
+impl fmt::Display for OptionSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OptionSource::Host => "criu_plugin_get_options",
+            OptionSource::Environment => ENV_OPTIONS,
+            OptionSource::None => "defaults",
+        })
+    }
+}
+
+/// Picks the option source and parses it. `host` holds the strings `criu_plugin_get_options`
+/// returned after `argv[0]` (`None` when the host lacks the service), `env` the value of
+/// [`ENV_OPTIONS`].
+pub fn collect(
+    host: Option<&[String]>,
+    env: Option<&str>,
+) -> Result<(Options, OptionSource), OptionError> {
+    if let Some(args) = host {
+        if args.iter().any(|a| ours(a).is_some()) {
+            return Ok((parse(args.iter().map(String::as_str))?, OptionSource::Host));
+        }
+    }
+    if let Some(env) = env {
+        if env.split_whitespace().any(|a| ours(a).is_some()) {
+            return Ok((parse(env.split_whitespace())?, OptionSource::Environment));
+        }
+    }
+    Ok((Options::default(), OptionSource::None))
+}
+
+/// The part after `cuda_plugin.` when `arg` (with or without leading `--`) is in our namespace.
+fn ours(arg: &str) -> Option<&str> {
+    let a = arg.strip_prefix("--").unwrap_or(arg);
+    a.strip_prefix(NAMESPACE)?.strip_prefix('.')
+}
+
+/// Parses option strings; strings outside the `cuda_plugin.` namespace are ignored.
+pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, OptionError> {
+    let mut o = Options::default();
+    for arg in args {
+        let Some(rest) = ours(arg) else { continue };
+        let (name, value) = match rest.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (rest, None),
+        };
+        let need = |allowed: &'static str| {
+            value.ok_or_else(|| OptionError::MissingValue {
+                name: name.to_owned(),
+                allowed,
+            })
+        };
+        let invalid = |allowed: &'static str, v: &str| OptionError::InvalidValue {
+            name: name.to_owned(),
+            value: v.to_owned(),
+            allowed,
+        };
+        match name {
+            "backend" => {
+                let v = need(BackendChoice::ALLOWED)?;
+                o.backend =
+                    BackendChoice::parse(v).ok_or_else(|| invalid(BackendChoice::ALLOWED, v))?;
+            }
+            "device-map" => o.device_map = Some(need(DEVICE_MAP_ALLOWED)?.to_owned()),
+            "timeout" => {
+                let v = need(TIMEOUT_ALLOWED)?;
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(invalid(TIMEOUT_ALLOWED, v));
+                }
+                let secs: u32 = v.parse().map_err(|_| invalid(TIMEOUT_ALLOWED, v))?;
+                o.timeout = Some(if secs == 0 {
+                    TimeoutOption::Disabled
+                } else {
+                    TimeoutOption::Seconds(secs)
+                });
+            }
+            "cuda-checkpoint" => {
+                let v = need(PATH_ALLOWED)?;
+                if v.is_empty() {
+                    return Err(invalid(PATH_ALLOWED, v));
+                }
+                o.cuda_checkpoint = Some(PathBuf::from(v));
+            }
+            _ => {
+                return Err(OptionError::Unknown {
+                    name: name.to_owned(),
+                })
+            }
+        }
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn strs(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_given() {
+        let (o, src) = collect(None, None).unwrap();
+        assert_eq!(o, Options::default());
+        assert_eq!(src, OptionSource::None);
+        assert_eq!(o.backend, BackendChoice::Auto);
+        assert_eq!(o.effective_timeout(None), Some(DEFAULT_TIMEOUT));
+        assert_eq!(
+            o.effective_timeout(Some(3)),
+            Some(Duration::from_secs(3)),
+            "the default follows CRIU's --timeout"
+        );
+        assert_eq!(o.effective_timeout(Some(0)), None, "criu --timeout 0");
+    }
+
+    #[test]
+    fn host_argv_takes_only_our_namespace() {
+        let argv = strs(&[
+            "--amdgpu.foo=bar",
+            "--cuda_plugin.backend=driver-api",
+            "--cuda_pluginX.backend=nonsense",
+            "--cuda_plugin.timeout=0",
+            "--cuda_plugin.cuda-checkpoint=/opt/cc",
+        ]);
+        let (o, src) = collect(Some(&argv), Some("cuda_plugin.backend=auto")).unwrap();
+        assert_eq!(src, OptionSource::Host);
+        assert_eq!(o.backend, BackendChoice::DriverApi);
+        assert_eq!(o.timeout, Some(TimeoutOption::Disabled));
+        assert_eq!(o.effective_timeout(Some(10)), None, "timeout=0 means none");
+        assert_eq!(o.cuda_checkpoint, Some(PathBuf::from("/opt/cc")));
+    }
+
+    #[test]
+    fn environment_is_used_when_the_host_has_nothing_for_us() {
+        let argv = strs(&["--other.x=1"]);
+        let env = "  --cuda_plugin.backend=cuda-checkpoint\tcuda_plugin.timeout=7 other.y ";
+        let (o, src) = collect(Some(&argv), Some(env)).unwrap();
+        assert_eq!(src, OptionSource::Environment);
+        assert_eq!(o.backend, BackendChoice::CudaCheckpoint);
+        assert_eq!(o.effective_timeout(None), Some(Duration::from_secs(7)));
+        let (_, src) = collect(None, Some(env)).unwrap();
+        assert_eq!(src, OptionSource::Environment, "host lacks the service");
+    }
+
+    #[test]
+    fn last_repeat_wins_and_device_map_is_kept_raw() {
+        let o = parse([
+            "cuda_plugin.backend=driver-api",
+            "cuda_plugin.device-map=GPU-a=GPU-b,x=y",
+            "cuda_plugin.backend=auto",
+        ])
+        .unwrap();
+        assert_eq!(o.backend, BackendChoice::Auto);
+        assert_eq!(o.device_map.as_deref(), Some("GPU-a=GPU-b,x=y"));
+    }
+
+    #[test]
+    fn errors_name_the_option_and_the_allowed_values() {
+        let e = parse(["--cuda_plugin.backend=cuda"]).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("cuda_plugin.backend"), "{m}");
+        assert!(m.contains("auto, driver-api, cuda-checkpoint"), "{m}");
+        for bad in ["-1", "1.5", "", "ten", "99999999999"] {
+            let e = parse([format!("cuda_plugin.timeout={bad}").as_str()]).unwrap_err();
+            assert!(
+                matches!(e, OptionError::InvalidValue { ref name, .. } if name == "timeout"),
+                "timeout={bad} must be rejected, got {e:?}"
+            );
+        }
+        assert!(matches!(
+            parse(["cuda_plugin.backend"]).unwrap_err(),
+            OptionError::MissingValue { .. }
+        ));
+        assert!(matches!(
+            parse(["cuda_plugin.cuda-checkpoint="]).unwrap_err(),
+            OptionError::InvalidValue { .. }
+        ));
+        let e = parse(["--cuda_plugin.backnd=auto"]).unwrap_err();
+        assert_eq!(
+            e,
+            OptionError::Unknown {
+                name: "backnd".into()
+            }
+        );
+        assert!(matches!(
+            parse(["cuda_plugin.=x"]).unwrap_err(),
+            OptionError::Unknown { .. }
+        ));
+    }
+
+    fn arb_options() -> impl Strategy<Value = Options> {
+        (
+            prop_oneof![
+                Just(BackendChoice::Auto),
+                Just(BackendChoice::DriverApi),
+                Just(BackendChoice::CudaCheckpoint)
+            ],
+            proptest::option::of("[A-Za-z0-9=,:-]{0,60}"),
+            proptest::option::of(prop_oneof![
+                Just(TimeoutOption::Disabled),
+                (1u32..).prop_map(TimeoutOption::Seconds)
+            ]),
+            proptest::option::of("/[A-Za-z0-9._/-]{1,40}"),
+        )
+            .prop_map(|(backend, device_map, timeout, cc)| Options {
+                backend,
+                device_map,
+                timeout,
+                cuda_checkpoint: cc.map(PathBuf::from),
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn render_then_parse_round_trips(o in arb_options(), dashes in any::<bool>()) {
+            let strings: Vec<String> = o
+                .to_strings()
+                .into_iter()
+                .map(|s| if dashes { format!("--{s}") } else { s })
+                .collect();
+            prop_assert_eq!(parse(strings.iter().map(String::as_str)).unwrap(), o.clone());
+            // The same strings through the environment (no whitespace inside values here).
+            let env = strings.join(" ");
+            let (p, src) = collect(None, Some(&env)).unwrap();
+            prop_assert_eq!(p, o);
+            prop_assert_eq!(src, OptionSource::Environment);
+        }
+
+        #[test]
+        fn foreign_options_are_ignored(o in arb_options(), foreign in proptest::collection::vec("--[a-z_]{1,12}\\.[a-z-]{1,10}=[ -~]{0,10}", 0..5)) {
+            let mut argv: Vec<String> = foreign.iter().filter(|f| ours(f).is_none()).cloned().collect();
+            let n = argv.len();
+            argv.extend(o.to_strings().into_iter().map(|s| format!("--{s}")));
+            argv.rotate_left(n / 2);
+            let (p, _) = collect(Some(&argv), None).unwrap();
+            prop_assert_eq!(p, o);
+        }
+
+        #[test]
+        fn parser_never_panics(args in proptest::collection::vec("\\PC{0,40}", 0..6)) {
+            let _ = parse(args.iter().map(String::as_str));
+            let joined = args.join(" ");
+            let _ = collect(Some(&args), Some(&joined));
+        }
+
+        #[test]
+        fn timeout_accepts_exactly_the_u32_decimals(n in any::<u64>()) {
+            let r = parse([format!("cuda_plugin.timeout={n}").as_str()]);
+            if n <= u64::from(u32::MAX) {
+                let want = if n == 0 { TimeoutOption::Disabled } else { TimeoutOption::Seconds(n as u32) };
+                prop_assert_eq!(r.unwrap().timeout, Some(want));
+            } else {
+                prop_assert!(r.is_err());
+            }
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! What `init(stage)` decides: whether the plugin takes part in this CRIU operation, with which
+//! backend and settings. Pure logic over [`InitContext`] (facts read from CRIU and the system)
+//! and [`InitServices`] (probes and the inventory), so every rule is unit-tested.
+//!
+//! The plugin is *disabled* (every hook returns `-ENOTSUP`, `init` succeeds) for:
+//!
+//! * pre-dump: CRIU calls PAUSE_DEVICES there but never CHECKPOINT_DEVICES nor `exit`, so a lock
+//!   taken there would never be released;
+//! * a dump on a machine without an NVIDIA GPU (`/proc/driver/nvidia/gpus/` absent), unless CRIU's
+//!   fault 138 (`CRIU_FAULT=138`, `FI_PLUGIN_CUDA_FORCE_ENABLE`) or `CRIU_CUDA_FORCE_ENABLE=1` asks
+//!   to run anyway, for hardware-free testing against a mock driver;
+//! * a dump where `backend=auto` finds neither backend supported (logged as a warning);
+//! * a restore whose inventory does not list `cuda_plugin` (a CPU-only image): no backend is
+//!   probed at all.
+//!
+//! A restore whose inventory lists `cuda_plugin` must succeed in selecting a backend or `init`
+//! fails: restoring CUDA tasks without one would leave them broken. The inventory entry is
+//! consumed only once the backend is ready (exact match; see [`crate::ffi::criu`]).
+
+use crate::backend::cli::{Cli, CliProbe, ProcessRunner};
+use crate::backend::driver::{AbandonHook, DriverApi, DriverProbe};
+use crate::backend::{Backend, GpuPair};
+use crate::engine::EngineConfig;
+use crate::env::Environment;
+use crate::error::PluginError;
+use crate::options::{self, OptionSource, Options};
+use crate::select::{select, SelectError, Selected, Selection};
+use abi::criu::Stage;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::Duration;
+
+/// CRIU's fault number that forces the CUDA plugin on without a GPU.
+pub const FI_PLUGIN_CUDA_FORCE_ENABLE: i32 = 138;
+/// CRIU's `TASK_ALIVE` (`opts.final_state` with `--leave-running`).
+pub const TASK_ALIVE: i32 = 1;
+
+/// Facts gathered before deciding.
+#[derive(Debug, Clone)]
+pub struct InitContext {
+    pub stage: Stage,
+    /// `criu_plugin_get_options` strings after `argv[0]`; `None` when the host lacks it.
+    pub host_options: Option<Vec<String>>,
+    pub env: Environment,
+    /// `/proc/driver/nvidia/gpus/` exists.
+    pub nvidia_gpu_present: bool,
+    /// CRIU's `fi_strategy`, when readable.
+    pub fault: Option<i32>,
+    /// CRIU's `opts.timeout` (seconds), when readable.
+    pub criu_timeout: Option<u32>,
+    /// CRIU's `opts.final_state`, when readable.
+    pub final_state: Option<i32>,
+}
+
+/// What the inventory says about `cuda_plugin` at restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InventoryAnswer {
+    NotListed,
+    /// Listed; `consumed` when the only available query also removed the entry (CRIU 4.1's
+    /// destructive `check_and_remove_inventory_plugin`).
+    Listed {
+        consumed: bool,
+    },
+    /// The host has no inventory service; assume listed.
+    Unknown(String),
+}
+
+/// Side-effecting services `init` uses.
+pub trait InitServices {
+    fn probe_driver(&mut self, call_init: bool) -> DriverProbe;
+    fn probe_cli(
+        &mut self,
+        program: Option<&Path>,
+        path: Option<&OsStr>,
+        timeout: Option<Duration>,
+    ) -> CliProbe;
+    fn inventory_query(&mut self) -> InventoryAnswer;
+    /// Removes the (exactly matching) entry; `Err` with a reason when it cannot.
+    fn inventory_consume(&mut self) -> Result<(), String>;
+}
+
+/// An enabled plugin's settings.
+#[derive(Debug)]
+pub struct Plan {
+    pub stage: Stage,
+    pub selected: Selected,
+    pub cfg: EngineConfig,
+    pub options: Options,
+    /// Lines for the init log.
+    pub notes: Vec<String>,
+}
+
+/// The decision.
+#[derive(Debug)]
+pub enum Start {
+    Disabled { reason: String, warn: bool },
+    Enabled(Plan),
+}
+
+fn disabled(reason: impl Into<String>) -> Result<Start, PluginError> {
+    Ok(Start::Disabled {
+        reason: reason.into(),
+        warn: false,
+    })
+}
+
+/// Decides, for `init(ctx.stage)`.
+pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, PluginError> {
+    let (options, source) = options::collect(
+        ctx.host_options.as_deref(),
+        ctx.env.plugin_options.as_deref(),
+    )?;
+    let pairs: Vec<GpuPair> = match options.device_map.as_deref() {
+        Some(m) => crate::device_map::resolve(m)?,
+        None => Vec::new(),
+    };
+    let timeout = options.effective_timeout(ctx.criu_timeout);
+    let mut notes = vec![format!(
+        "options from {source}: backend={}, timeout={}, device map: {} pair(s)",
+        options.backend,
+        timeout.map_or_else(|| "none".to_owned(), |t| format!("{}s", t.as_secs())),
+        pairs.len()
+    )];
+    if source == OptionSource::None && ctx.host_options.is_none() {
+        notes.push(
+            "CRIU has no criu_plugin_get_options; options come from CRIU_PLUGIN_OPTIONS".into(),
+        );
+    }
+    let forced = if ctx.fault == Some(FI_PLUGIN_CUDA_FORCE_ENABLE) {
+        Some("CRIU fault 138")
+    } else if ctx.env.force_enable {
+        Some("CRIU_CUDA_FORCE_ENABLE=1")
+    } else {
+        None
+    };
+    let gpu_ok = ctx.nvidia_gpu_present || forced.is_some();
+    if let (false, Some(why)) = (ctx.nvidia_gpu_present, forced) {
+        notes.push(format!("no NVIDIA GPU found, running anyway ({why})"));
+    }
+    let no_gpu = "no NVIDIA GPU (/proc/driver/nvidia/gpus/ is absent; CRIU_CUDA_FORCE_ENABLE=1 or CRIU_FAULT=138 overrides)";
+    let restore = match ctx.stage {
+        Stage::PRE_DUMP => {
+            return disabled(
+                "pre-dump: CRIU never resumes devices paused there, so CUDA is left alone",
+            )
+        }
+        Stage::DUMP => {
+            if !gpu_ok {
+                return disabled(no_gpu);
+            }
+            false
+        }
+        Stage::RESTORE => {
+            let consumed =
+                match svc.inventory_query() {
+                    InventoryAnswer::NotListed => return disabled(
+                        "the image inventory does not list cuda_plugin (no CUDA state to restore)",
+                    ),
+                    InventoryAnswer::Listed { consumed } => consumed,
+                    InventoryAnswer::Unknown(why) => {
+                        notes.push(format!(
+                        "cannot read the image inventory ({why}); assuming it lists cuda_plugin"
+                    ));
+                        true
+                    }
+                };
+            if !gpu_ok {
+                return Err(PluginError::RestoreImpossible(no_gpu.to_owned()));
+            }
+            !consumed
+        }
+        Stage(other) => return disabled(format!("unknown stage {other}")),
+    };
+    let need_map = ctx.stage == Stage::RESTORE && !pairs.is_empty();
+    let path = ctx.env.path.clone();
+    let program = options.cuda_checkpoint.clone();
+    let selection = {
+        let svc_cell = std::cell::RefCell::new(&mut *svc);
+        select(
+            options.backend,
+            need_map,
+            || {
+                svc_cell
+                    .borrow_mut()
+                    .probe_driver(ctx.stage == Stage::RESTORE)
+            },
+            || {
+                svc_cell
+                    .borrow_mut()
+                    .probe_cli(program.as_deref(), path.as_deref(), timeout)
+            },
+        )?
+    };
+    let selected = match selection {
+        Selection::Use(s) => s,
+        Selection::NoneAvailable { driver, cli } => {
+            if ctx.stage == Stage::RESTORE {
+                return Err(SelectError::NoneAvailable { driver, cli }.into());
+            }
+            return Ok(Start::Disabled {
+                reason: format!("no CUDA checkpoint backend available (driver API: {driver}; cuda-checkpoint: {cli})"),
+                warn: true,
+            });
+        }
+    };
+    if restore {
+        svc.inventory_consume().map_err(PluginError::Inventory)?;
+    }
+    Ok(Start::Enabled(Plan {
+        stage: ctx.stage,
+        selected,
+        cfg: EngineConfig {
+            timeout,
+            pairs,
+            leave_running: ctx.final_state == Some(TASK_ALIVE),
+        },
+        options,
+        notes,
+    }))
+}
+
+/// Builds the selected backend. `on_abandon` is the driver backend's abandonment hook.
+#[must_use]
+pub fn build_backend(
+    selected: Selected,
+    timeout: Option<Duration>,
+    on_abandon: AbandonHook,
+) -> Box<dyn Backend> {
+    match selected {
+        Selected::Driver { driver, .. } => Box::new(DriverApi::new(driver, timeout, on_abandon)),
+        Selected::Cli {
+            program,
+            device_map,
+        } => Box::new(Cli::new(
+            program,
+            Box::new(ProcessRunner),
+            timeout,
+            device_map,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::driver::tests::FakeDriver;
+    use crate::options::BackendChoice;
+    use std::sync::Arc;
+
+    #[derive(Default)]
+    struct Svc {
+        driver_version: Option<i32>,
+        cli_ok: bool,
+        inventory: Option<InventoryAnswer>,
+        driver_probes: usize,
+        cli_probes: usize,
+        queries: usize,
+        consumed: usize,
+        init_requested: Option<bool>,
+    }
+
+    impl InitServices for Svc {
+        fn probe_driver(&mut self, call_init: bool) -> DriverProbe {
+            self.driver_probes += 1;
+            self.init_requested = Some(call_init);
+            match self.driver_version {
+                Some(v) => crate::backend::driver::probe_driver(
+                    Ok(Arc::new(FakeDriver {
+                        version: Some(v),
+                        ..Default::default()
+                    })),
+                    call_init,
+                ),
+                None => DriverProbe::Unsupported("cannot load libcuda.so.1".into()),
+            }
+        }
+        fn probe_cli(
+            &mut self,
+            _: Option<&Path>,
+            _: Option<&OsStr>,
+            _: Option<Duration>,
+        ) -> CliProbe {
+            self.cli_probes += 1;
+            if self.cli_ok {
+                CliProbe::Supported {
+                    program: "/bin/cuda-checkpoint".into(),
+                    device_map: true,
+                }
+            } else {
+                CliProbe::Unsupported("cuda-checkpoint not found in PATH".into())
+            }
+        }
+        fn inventory_query(&mut self) -> InventoryAnswer {
+            self.queries += 1;
+            self.inventory.clone().unwrap_or(InventoryAnswer::NotListed)
+        }
+        fn inventory_consume(&mut self) -> Result<(), String> {
+            self.consumed += 1;
+            Ok(())
+        }
+    }
+
+    fn ctx(stage: Stage) -> InitContext {
+        InitContext {
+            stage,
+            host_options: None,
+            env: Environment::default(),
+            nvidia_gpu_present: true,
+            fault: None,
+            criu_timeout: Some(10),
+            final_state: Some(2),
+        }
+    }
+
+    fn reason(s: &Start) -> &str {
+        match s {
+            Start::Disabled { reason, .. } => reason,
+            Start::Enabled(_) => "enabled",
+        }
+    }
+
+    #[test]
+    fn pre_dump_and_no_gpu_disable_without_probing() {
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            ..Default::default()
+        };
+        let s = start(&ctx(Stage::PRE_DUMP), &mut svc).unwrap();
+        assert!(reason(&s).contains("pre-dump"), "{s:?}");
+        let mut c = ctx(Stage::DUMP);
+        c.nvidia_gpu_present = false;
+        let s = start(&c, &mut svc).unwrap();
+        assert!(reason(&s).contains("/proc/driver/nvidia/gpus/"), "{s:?}");
+        assert_eq!(
+            svc.driver_probes + svc.cli_probes,
+            0,
+            "disabled means no probe at all"
+        );
+        c.fault = Some(138);
+        assert!(
+            matches!(start(&c, &mut svc).unwrap(), Start::Enabled(_)),
+            "fault 138 forces"
+        );
+        c.fault = None;
+        c.env.force_enable = true;
+        let s = start(&c, &mut svc).unwrap();
+        let Start::Enabled(plan) = s else {
+            panic!("CRIU_CUDA_FORCE_ENABLE=1 forces")
+        };
+        assert!(
+            plan.notes
+                .iter()
+                .any(|n| n.contains("CRIU_CUDA_FORCE_ENABLE")),
+            "{:?}",
+            plan.notes
+        );
+        assert_eq!(svc.init_requested, Some(false), "no cuInit at dump");
+    }
+
+    #[test]
+    fn restore_of_a_cpu_only_image_probes_nothing() {
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            cli_ok: true,
+            ..Default::default()
+        };
+        let s = start(&ctx(Stage::RESTORE), &mut svc).unwrap();
+        assert!(reason(&s).contains("does not list cuda_plugin"), "{s:?}");
+        assert_eq!((svc.driver_probes, svc.cli_probes, svc.consumed), (0, 0, 0));
+    }
+
+    #[test]
+    fn restore_consumes_the_entry_only_after_the_backend_is_ready() {
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            ..Default::default()
+        };
+        let Start::Enabled(plan) = start(&ctx(Stage::RESTORE), &mut svc).unwrap() else {
+            panic!()
+        };
+        assert!(
+            matches!(plan.selected, Selected::Driver { init: Some(_), .. }),
+            "restore calls cuInit"
+        );
+        assert_eq!(svc.consumed, 1);
+        // No backend: fail, and leave the entry (CRIU then reports the missing plugin too).
+        let mut svc = Svc {
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            ..Default::default()
+        };
+        let e = start(&ctx(Stage::RESTORE), &mut svc).unwrap_err();
+        assert!(e.to_string().contains("no backend is available"), "{e}");
+        assert_eq!(svc.consumed, 0);
+        // CRIU 4.1's destructive check already consumed it.
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            inventory: Some(InventoryAnswer::Listed { consumed: true }),
+            ..Default::default()
+        };
+        assert!(matches!(
+            start(&ctx(Stage::RESTORE), &mut svc).unwrap(),
+            Start::Enabled(_)
+        ));
+        assert_eq!(svc.consumed, 0, "never consumed twice");
+        // Listed but no GPU: a clear failure.
+        let mut c = ctx(Stage::RESTORE);
+        c.nvidia_gpu_present = false;
+        let mut svc = Svc {
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            ..Default::default()
+        };
+        assert!(matches!(
+            start(&c, &mut svc).unwrap_err(),
+            PluginError::RestoreImpossible(_)
+        ));
+    }
+
+    #[test]
+    fn dump_without_any_backend_disables_with_a_warning() {
+        let mut svc = Svc::default();
+        let s = start(&ctx(Stage::DUMP), &mut svc).unwrap();
+        assert!(matches!(s, Start::Disabled { warn: true, .. }), "{s:?}");
+        assert!(
+            reason(&s).contains("libcuda.so.1") && reason(&s).contains("PATH"),
+            "{s:?}"
+        );
+        let mut c = ctx(Stage::DUMP);
+        c.env.plugin_options = Some("cuda_plugin.backend=driver-api".into());
+        assert!(matches!(
+            start(&c, &mut svc).unwrap_err(),
+            PluginError::Select(SelectError::DriverUnsupported(_))
+        ));
+    }
+
+    #[test]
+    fn options_timeout_and_final_state_reach_the_engine_config() {
+        let mut c = ctx(Stage::DUMP);
+        c.host_options = Some(vec![
+            "--cuda_plugin.backend=cuda-checkpoint".into(),
+            "--cuda_plugin.timeout=3".into(),
+        ]);
+        c.final_state = Some(TASK_ALIVE);
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            cli_ok: true,
+            ..Default::default()
+        };
+        let Start::Enabled(plan) = start(&c, &mut svc).unwrap() else {
+            panic!()
+        };
+        assert_eq!(plan.options.backend, BackendChoice::CudaCheckpoint);
+        assert!(matches!(plan.selected, Selected::Cli { .. }));
+        assert_eq!(svc.driver_probes, 0, "explicit CLI never loads libcuda");
+        assert_eq!(plan.cfg.timeout, Some(Duration::from_secs(3)));
+        assert!(plan.cfg.leave_running);
+        c.host_options = Some(vec!["--cuda_plugin.timeout=soon".into()]);
+        let e = start(&c, &mut svc).unwrap_err();
+        assert!(e.to_string().contains("cuda_plugin.timeout"), "{e}");
+        assert_eq!(e.to_errno(), -libc::EINVAL);
+        c.host_options = Some(vec!["--cuda_plugin.device-map=nonsense".into()]);
+        assert!(matches!(
+            start(&c, &mut svc).unwrap_err(),
+            PluginError::DeviceMap(_)
+        ));
+    }
+}
