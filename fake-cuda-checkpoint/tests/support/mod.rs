@@ -1,0 +1,522 @@
+//! Test support for driving the real `cuda-checkpoint` binary against real mock worlds.
+//!
+//! # Where the mock comes from
+//!
+//! The mock driver (`libmock_libcuda.so`), `mock-world` and `mock-cuda-app` belong to the
+//! `mock-libcuda` package, which this package does not depend on (the utility must not know the
+//! mock). They are taken from the target directory this test binary was built in:
+//! `std::env::current_exe()` is `<target>/<profile>/deps/<test>-<hash>`, the library is
+//! `<target>/<profile>/deps/libmock_libcuda.so` (`cargo test` refreshes `deps/` but not the
+//! copy in `<profile>/`; the newer of the two is used, as `mock-world` itself does) and the two
+//! programs are `<target>/<profile>/mock-world` and `<target>/<profile>/mock-cuda-app`.
+//!
+//! Once per test process ([`OnceLock`]) they are checked, and when one is missing or older than
+//! the mock's sources (`mock-libcuda/src`, `abi/src`, their manifests, `Cargo.lock`) — as after
+//! `cargo test -p fake-cuda-checkpoint`, which does not build the mock — the test runs
+//! `$CARGO build -p mock-libcuda --lib --bins` (the cargo that runs the tests, `cargo` if `CARGO`
+//! is unset) for the same profile and with `CARGO_TARGET_DIR` set to this target directory.
+//! After `cargo test --workspace` nothing needs building and cargo is not run.
+//!
+//! # The API probe
+//!
+//! `support/api_probe.c` is a minimal C client of the driver's checkpoint API (dlopen of
+//! `libcuda.so.1`, `cuInit`, one `cuCheckpointProcess*` call, print the `CUresult`). It is a
+//! second, independent process talking to the world through the API, where the utility talks
+//! through the export table's command line. It is compiled once per test process with the
+//! system C compiler (`$CC`, default `cc`) into `<target>/<profile>/fake-cuda-checkpoint-tests/`
+//! when missing or older than its source.
+
+#![allow(dead_code)]
+
+use std::ffi::c_int;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The three GPUs of the test worlds (two of one chip, one of another).
+pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
+pub const GPU1: &str = "GPU-11111111-1111-4111-8111-111111111111";
+pub const GPU2: &str = "GPU-22222222-2222-4222-8222-222222222222";
+
+/// Linux signal numbers (the same on x86-64 and aarch64).
+pub const SIGABRT: c_int = 6;
+pub const SIGKILL: c_int = 9;
+pub const SIGUSR1: c_int = 10;
+pub const SIGSEGV: c_int = 11;
+pub const SIGCONT: c_int = 18;
+pub const SIGSTOP: c_int = 19;
+
+/// The built artifacts the tests run.
+#[derive(Debug)]
+pub struct Artifacts {
+    pub cuda_checkpoint: PathBuf,
+    pub mock_so: PathBuf,
+    pub mock_world: PathBuf,
+    pub mock_app: PathBuf,
+    pub api_probe: PathBuf,
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).ok()?.modified().ok()
+}
+
+/// Newest modification time of the files under `p` (recursively), or of `p` itself.
+fn newest(p: &Path) -> Option<SystemTime> {
+    let meta = std::fs::metadata(p).ok()?;
+    if !meta.is_dir() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(p)
+        .ok()?
+        .filter_map(|e| newest(&e.ok()?.path()))
+        .max()
+}
+
+/// The artifacts, located (and built when needed) once per test process.
+pub fn artifacts() -> &'static Artifacts {
+    static A: OnceLock<Artifacts> = OnceLock::new();
+    A.get_or_init(locate_or_build)
+}
+
+fn locate_or_build() -> Artifacts {
+    let exe = std::env::current_exe().expect("locating the test binary");
+    let deps = exe
+        .parent()
+        .expect("the test binary lives in <target>/<profile>/deps");
+    let profile_dir = deps.parent().expect("deps/ has a parent");
+    let target_dir = profile_dir
+        .parent()
+        .expect("the profile directory has a parent");
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("the profile directory has a UTF-8 name")
+        .to_owned();
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the package lives in the workspace")
+        .to_path_buf();
+
+    let libs = [
+        deps.join("libmock_libcuda.so"),
+        profile_dir.join("libmock_libcuda.so"),
+    ];
+    let mock_world = profile_dir.join("mock-world");
+    let mock_app = profile_dir.join("mock-cuda-app");
+    let sources = [
+        workspace.join("mock-libcuda/src"),
+        workspace.join("mock-libcuda/Cargo.toml"),
+        workspace.join("abi/src"),
+        workspace.join("abi/Cargo.toml"),
+        workspace.join("Cargo.lock"),
+    ];
+    let source_time = sources.iter().filter_map(|s| newest(s)).max();
+    let newest_lib = || libs.iter().filter_map(|l| mtime(l)).max();
+    let oldest_artifact = [newest_lib(), mtime(&mock_world), mtime(&mock_app)]
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .and_then(|v| v.into_iter().min());
+    let fresh = matches!((oldest_artifact, source_time), (Some(a), Some(s)) if a >= s)
+        || (oldest_artifact.is_some() && source_time.is_none());
+    if !fresh {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(&cargo);
+        cmd.arg("build")
+            .arg("--manifest-path")
+            .arg(workspace.join("Cargo.toml"))
+            .args(["-p", "mock-libcuda", "--lib", "--bins"])
+            .env("CARGO_TARGET_DIR", target_dir);
+        match profile.as_str() {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
+            }
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running {cargo:?} to build mock-libcuda: {e}"));
+        assert!(
+            out.status.success(),
+            "building mock-libcuda ({cmd:?}) failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mock_so = libs
+        .iter()
+        .filter_map(|l| Some((mtime(l)?, l.clone())))
+        .max()
+        .map(|(_, l)| l)
+        .expect("libmock_libcuda.so was built");
+    for p in [&mock_world, &mock_app] {
+        assert!(p.exists(), "{} was built", p.display());
+    }
+    Artifacts {
+        cuda_checkpoint: PathBuf::from(env!("CARGO_BIN_EXE_cuda-checkpoint")),
+        mock_so,
+        mock_world,
+        mock_app,
+        api_probe: build_probe(&profile_dir.join("fake-cuda-checkpoint-tests")),
+    }
+}
+
+fn build_probe(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/api_probe.c");
+    let out = dir.join("api_probe");
+    if matches!((mtime(&out), mtime(&src)), (Some(o), Some(s)) if o >= s) {
+        return out;
+    }
+    std::fs::create_dir_all(dir).expect("creating the probe's directory");
+    let tmp = dir.join(format!("api_probe.tmp.{}", std::process::id()));
+    let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .unwrap_or_else(|e| panic!("running the C compiler {cc:?} for the API probe: {e}"));
+    assert!(status.success(), "compiling {} failed", src.display());
+    std::fs::rename(&tmp, &out).expect("installing the probe");
+    out
+}
+
+extern "C" {
+    fn kill(pid: c_int, sig: c_int) -> c_int;
+    fn setrlimit(resource: c_int, rlim: *const [u64; 2]) -> c_int;
+}
+
+/// Sends `sig` to `pid`; true when it was delivered.
+pub fn signal(pid: i32, sig: c_int) -> bool {
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    unsafe { kill(pid, sig) == 0 }
+}
+
+/// Makes `cmd`'s process unable to dump core (the crash faults kill it with SIGSEGV/SIGABRT;
+/// a core dump would only cost time).
+pub fn no_core(cmd: &mut Command) {
+    const RLIMIT_CORE: c_int = 4;
+    // SAFETY: the closure runs between fork and exec and only calls setrlimit(2), which is
+    // async-signal-safe, with a pointer to a local array that lives for the call.
+    unsafe {
+        cmd.pre_exec(|| {
+            let zero = [0u64, 0u64];
+            let _ = setrlimit(RLIMIT_CORE, &zero);
+            Ok(())
+        });
+    }
+}
+
+/// A world config: `branch`, two GPUs of one chip, an optional third of another, and `extra`
+/// TOML appended (faults, `cuda_version`).
+pub fn config(branch: u32, driver_extra: &str, third_gpu: bool, extra: &str) -> String {
+    let mut c = format!(
+        r#"schema = 1
+[driver]
+branch = {branch}
+request_timeout_ms = 800
+{driver_extra}
+
+[[gpu]]
+uuid = "{GPU0}"
+name = "NVIDIA H100 80GB HBM3"
+memory_mib = 64
+chip = "GH100"
+
+[[gpu]]
+uuid = "{GPU1}"
+name = "NVIDIA H100 80GB HBM3"
+memory_mib = 64
+chip = "GH100"
+"#
+    );
+    if third_gpu {
+        c.push_str(&format!(
+            r#"
+[[gpu]]
+uuid = "{GPU2}"
+name = "NVIDIA A100-SXM4-80GB"
+memory_mib = 64
+chip = "GA100"
+"#
+        ));
+    }
+    c.push_str(extra);
+    c
+}
+
+/// One finished run of a program.
+#[derive(Debug)]
+pub struct Run {
+    pub pid: i32,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    /// The exit code; panics if the program was killed by a signal.
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("killed by a signal: {self:?}"))
+    }
+}
+
+fn run_to_end(mut cmd: Command) -> Run {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t = Instant::now();
+    let child = cmd.spawn().expect("starting a program");
+    let pid = child.id() as i32;
+    let out = child.wait_with_output().expect("waiting for a program");
+    Run {
+        pid,
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: t.elapsed(),
+    }
+}
+
+/// A world in a temporary directory, created by `mock-world init`, and the workloads in it.
+#[derive(Debug)]
+pub struct World {
+    tmp: tempfile::TempDir,
+    apps: Vec<Child>,
+}
+
+impl World {
+    /// Creates a world from `config_text` with the built mock library.
+    pub fn new(config_text: &str) -> World {
+        let a = artifacts();
+        let tmp = tempfile::tempdir().expect("a temporary directory");
+        let cfg = tmp.path().join("config.toml");
+        std::fs::write(&cfg, config_text).expect("writing the config");
+        let out = Command::new(&a.mock_world)
+            .arg("init")
+            .arg(tmp.path().join("world"))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--lib")
+            .arg(&a.mock_so)
+            .output()
+            .expect("running mock-world");
+        assert!(
+            out.status.success(),
+            "mock-world init failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        World {
+            tmp,
+            apps: Vec::new(),
+        }
+    }
+
+    /// The world directory.
+    pub fn dir(&self) -> PathBuf {
+        self.tmp.path().join("world")
+    }
+
+    /// Points `cmd` at this world: `MOCK_CUDA_WORLD` and the world's `libcuda.so.1`.
+    pub fn env(&self, cmd: &mut Command) {
+        cmd.env("MOCK_CUDA_WORLD", self.dir())
+            .env("LD_LIBRARY_PATH", self.dir().join("lib"))
+            .env_remove("CUDA_VISIBLE_DEVICES");
+    }
+
+    /// The `cuda-checkpoint` command, in this world.
+    pub fn cli_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&artifacts().cuda_checkpoint);
+        cmd.args(args);
+        self.env(&mut cmd);
+        cmd
+    }
+
+    /// Runs `cuda-checkpoint args…` to the end.
+    pub fn cli(&self, args: &[&str]) -> Run {
+        run_to_end(self.cli_command(args))
+    }
+
+    /// Runs `cuda-checkpoint args…` and expects exit 0; returns its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let r = self.cli(args);
+        assert!(
+            r.status.success() && r.stderr.is_empty(),
+            "cuda-checkpoint {args:?}: {r:?}"
+        );
+        r.stdout
+    }
+
+    /// `cuda-checkpoint --get-state --pid <pid>`'s answer, trimmed.
+    pub fn cli_state(&self, pid: i32) -> String {
+        self.cli_ok(&["--get-state", "--pid", &pid.to_string()])
+            .trim()
+            .to_owned()
+    }
+
+    /// Runs the API probe (`op pid [arg]`) in this world; returns its output line.
+    pub fn probe(&self, args: &[&str]) -> String {
+        let mut cmd = Command::new(&artifacts().api_probe);
+        cmd.args(args);
+        self.env(&mut cmd);
+        let r = run_to_end(cmd);
+        assert_eq!(r.code(), 0, "api_probe {args:?}: {r:?}");
+        r.stdout.trim().to_owned()
+    }
+
+    /// The state of `pid` in the world's state file, as `mock-world status` prints it.
+    pub fn status_state(&self, pid: i32) -> Option<String> {
+        let out = Command::new(&artifacts().mock_world)
+            .arg("status")
+            .arg(self.dir())
+            .output()
+            .expect("running mock-world status");
+        assert!(out.status.success(), "mock-world status: {out:?}");
+        String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+            let mut cols = l.split_whitespace();
+            (cols.next()? == pid.to_string()).then(|| cols.nth(1).map(str::to_owned))?
+        })
+    }
+
+    /// Starts `mock-cuda-app args…` in this world, waits for READY; returns its pid.
+    pub fn spawn_app(&mut self, args: &[&str]) -> i32 {
+        let report = self.report_path(self.apps.len());
+        let mut cmd = Command::new(&artifacts().mock_app);
+        cmd.args(args)
+            .arg("--report")
+            .arg(&report)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        self.env(&mut cmd);
+        let child = cmd.spawn().expect("starting mock-cuda-app");
+        let pid = child.id() as i32;
+        self.apps.push(child);
+        wait_for(
+            Duration::from_secs(20),
+            || read(&report).contains("READY"),
+            "the workload's READY line",
+        );
+        pid
+    }
+
+    fn report_path(&self, n: usize) -> PathBuf {
+        self.tmp.path().join(format!("report-{n}.txt"))
+    }
+
+    /// The report of workload `n`.
+    pub fn report(&self, n: usize) -> String {
+        read(&self.report_path(n))
+    }
+
+    /// Asks workload `n` (pid `pid`) to check its GPU data; returns its PASS/FAIL line.
+    pub fn verify(&self, n: usize, pid: i32) -> String {
+        let before = self.report(n).lines().count();
+        assert!(signal(pid, SIGUSR1), "signalling workload {pid}");
+        wait_for(
+            Duration::from_secs(20),
+            || self.report(n).lines().count() > before,
+            "the workload's verification line",
+        );
+        self.report(n)
+            .lines()
+            .nth(before)
+            .expect("a line")
+            .to_owned()
+    }
+
+    /// The world's call trace.
+    pub fn trace(&self) -> String {
+        read(&self.dir().join("trace.log"))
+    }
+
+    /// Replaces the world's config (`world.toml`) with `config_text`, atomically. Processes
+    /// read the config when they first use the world, so this scripts processes started from
+    /// now on (workloads already running keep the config they read). Used for faults that
+    /// name a pid, which is only known once the workload runs.
+    pub fn rewrite_config(&self, config_text: &str) {
+        let tmp = self.dir().join("world.toml.new");
+        std::fs::write(&tmp, config_text).expect("writing the new config");
+        std::fs::rename(&tmp, self.dir().join("world.toml")).expect("replacing world.toml");
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for c in &mut self.apps {
+            signal(c.id() as i32, SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until `pid` is in state `T` (stopped) in `/proc`.
+pub fn wait_stopped(pid: i32) {
+    wait_for(
+        Duration::from_secs(5),
+        || {
+            let stat = read(Path::new(&format!("/proc/{pid}/stat")));
+            stat.rfind(')')
+                .and_then(|i| stat.get(i + 2..i + 3))
+                .is_some_and(|s| s == "T")
+        },
+        "the workload to stop",
+    );
+}
+
+/// Replaces every whole decimal number in `text` that one of `names` maps, by its label
+/// (`1234` becomes `<APP>`, but `12345` is left alone).
+pub fn name_numbers(text: &str, names: &[(i64, &str)]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut digits = String::new();
+    let flush = |digits: &mut String, out: &mut String| {
+        if !digits.is_empty() {
+            match digits
+                .parse::<i64>()
+                .ok()
+                .and_then(|n| names.iter().find(|(k, _)| *k == n))
+            {
+                Some((_, label)) => out.push_str(label),
+                None => out.push_str(digits),
+            }
+            digits.clear();
+        }
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+        } else {
+            flush(&mut digits, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut digits, &mut out);
+    out
+}
+
+/// Runs `cmd` with core dumps off, expecting it to be killed by a signal; returns the signal.
+pub fn death_signal(mut cmd: Command) -> (Option<i32>, Run) {
+    no_core(&mut cmd);
+    let r = run_to_end(cmd);
+    (r.status.signal(), r)
+}
