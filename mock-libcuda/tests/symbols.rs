@@ -206,3 +206,34 @@ fn visible_devices_shape_the_workloads_ordinals() {
         w.report(before + 1)
     );
 }
+
+#[test]
+fn reconfiguring_keeps_state_and_rebuilds_the_library_when_symbols_change() {
+    let _s = serial();
+    let mut w = TestWorld::new(&config(580, ""));
+    let pid = w.spawn_app(&["--kib", "4"]);
+    let lib = w.path().join("lib/libcuda.so.1");
+    assert!(dlsym_finds(&lib, "cuCheckpointProcessLock"));
+    let cfg = mock_libcuda::world::config::WorldConfig::parse(&config(565, ""), "t").unwrap();
+    let e = mock_libcuda::world::World::reconfigure(w.path(), &cfg, None).unwrap_err();
+    assert!(e.to_string().contains("mock library is needed"), "{e}");
+    mock_libcuda::world::World::reconfigure(w.path(), &cfg, Some(&mock_so())).unwrap();
+    assert!(
+        !dlsym_finds(&lib, "cuCheckpointProcessLock"),
+        "r565 has no checkpoint API"
+    );
+    let st = mock_libcuda::world::World::open(w.path())
+        .unwrap()
+        .read_state()
+        .unwrap();
+    assert!(
+        st.processes.contains_key(&pid),
+        "the running workload is still known"
+    );
+    let bad = config(
+        580,
+        "[[fault]]\nfunction = \"cuInit\"\npid = 5\naction = { kind = \"return\", code = 3 }\n",
+    );
+    let e = mock_libcuda::world::config::WorldConfig::parse(&bad, "bad.toml").unwrap_err();
+    assert!(e.to_string().contains("pid only applies"), "{e}");
+}

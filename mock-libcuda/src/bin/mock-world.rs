@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! mock-world init DIR --config world.toml [--lib libmock_libcuda.so]
+//! mock-world configure DIR --config world.toml [--lib libmock_libcuda.so]
 //! mock-world status DIR [--json]
 //! mock-world trace DIR
 //! mock-world check CONFIG
@@ -30,6 +31,16 @@ enum Cmd {
         config: PathBuf,
         /// The built mock library (default: $MOCK_LIBCUDA_SO, else libmock_libcuda.so next to
         /// this program).
+        #[arg(long)]
+        lib: Option<PathBuf>,
+    },
+    /// Replace the config of an existing world, keeping its state and trace (e.g. to add a
+    /// fault naming a process that runs in it).
+    Configure {
+        dir: PathBuf,
+        #[arg(long)]
+        config: PathBuf,
+        /// The built mock library, needed when the hidden symbols change (default as for init).
         #[arg(long)]
         lib: Option<PathBuf>,
     },
@@ -87,6 +98,16 @@ fn main() -> Result<()> {
                 cfg.driver.version_string(),
                 cfg.driver.cuda_version(),
                 cfg.gpus.len(),
+                cfg.faults.len()
+            );
+        }
+        Cmd::Configure { dir, config, lib } => {
+            let cfg = read_config(&config)?;
+            let lib = lib.or_else(|| default_lib().ok());
+            World::reconfigure(&dir, &cfg, lib.as_deref())?;
+            println!(
+                "world {}: config replaced ({} fault(s))",
+                dir.display(),
                 cfg.faults.len()
             );
         }

@@ -294,6 +294,14 @@ impl WorldConfig {
                     f.function
                 )));
             }
+            let targeted = f.function.starts_with("cuCheckpointProcess")
+                || f.function.starts_with("cuda-checkpoint");
+            if f.pid.is_some() && !targeted {
+                return Err(bad(format!(
+                    "fault {i} ({}): pid only applies to calls that target a process (cuCheckpointProcess*, cuda-checkpoint)",
+                    f.function
+                )));
+            }
             if matches!(f.action, FaultAction::Garbage { .. })
                 && !f.function.starts_with("cuda-checkpoint")
             {

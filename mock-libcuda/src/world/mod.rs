@@ -123,6 +123,39 @@ impl World {
         World::open(dir)
     }
 
+    /// Replaces the config of an existing world, keeping its state and trace (e.g. to add a
+    /// fault that names a process started in it). The library is regenerated when the set of
+    /// hidden symbols changes. Processes that already opened the world keep the config they
+    /// read; new processes see the new one.
+    pub fn reconfigure(
+        dir: &Path,
+        config: &WorldConfig,
+        mock_so: Option<&Path>,
+    ) -> Result<World, WorldError> {
+        let old = World::open(dir)?;
+        let text = config.to_toml();
+        let cfg_path = dir.join("world.toml");
+        WorldConfig::parse(&text, &cfg_path.display().to_string())?;
+        let hidden = |c: &WorldConfig| -> Vec<&str> {
+            crate::ffi::EXPORTED_SYMBOLS
+                .iter()
+                .copied()
+                .filter(|s| !c.driver.exports(s))
+                .collect()
+        };
+        if hidden(&old.config) != hidden(config) {
+            let so = mock_so.ok_or_else(|| {
+                WorldError::Library("the new config hides other symbols: the mock library is needed to rebuild lib/libcuda.so.1".into())
+            })?;
+            let image = std::fs::read(so).map_err(|e| WorldError::io(so, e))?;
+            let patched = crate::elf::hide_dynamic_symbols(&image, &hidden(config))
+                .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
+            write_atomic(&dir.join("lib").join("libcuda.so.1"), &patched)?;
+        }
+        write_atomic(&cfg_path, text.as_bytes())?;
+        World::open(dir)
+    }
+
     /// The world directory.
     #[must_use]
     pub fn dir(&self) -> &Path {
