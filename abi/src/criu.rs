@@ -243,3 +243,115 @@ mod tests {
         assert_ne!(CRIU_PLUGIN_VERSION, CRIU_PLUGIN_VERSION_OLD);
     }
 }
+
+/// Fields of CRIU's exported `opts` (`struct cr_options`) that are stable across CRIU 4.1,
+/// 4.2 and the development line on x86-64. Other fields move between versions: do not read
+/// them.
+pub mod opts {
+    /// Size of the `opts` object in Debian's CRIU 4.1.1 (the smallest we support).
+    pub const MIN_SIZE: usize = 0x1f8;
+    /// `int final_state` (one of [`TASK_ALIVE`], [`TASK_DEAD`], [`TASK_STOPPED`]).
+    pub const FINAL_STATE: usize = 0;
+    /// `unsigned int timeout`, seconds (`--timeout`, default 10).
+    pub const TIMEOUT: usize = 0x160;
+    /// `final_state` after the dump with `--leave-running` (and for pre-dump).
+    pub const TASK_ALIVE: i32 = 1;
+    /// `final_state` of a plain dump: the tree is killed.
+    pub const TASK_DEAD: i32 = 2;
+    /// `final_state` with `--leave-stopped`.
+    pub const TASK_STOPPED: i32 = 3;
+}
+
+/// CRIU fault injection (`CRIU_FAULT`, read through the exported `fi_strategy`).
+pub mod fault {
+    /// `FI_PLUGIN_CUDA_FORCE_ENABLE`: run the CUDA plugin without an NVIDIA GPU.
+    pub const PLUGIN_CUDA_FORCE_ENABLE: i32 = 138;
+}
+
+/// `img_streamer_open(name, flags)`: CRIU `BUG()`s on any other flag value.
+pub mod streamer {
+    /// `O_DUMP`: `O_WRONLY | O_CREAT | O_TRUNC` on Linux.
+    pub const O_DUMP: i32 = 0o1 | 0o100 | 0o1000;
+    /// `O_RSTR`: `O_RDONLY`.
+    pub const O_RSTR: i32 = 0;
+}
+
+/// Declarative option metadata a plugin may export as `CR_PLUGIN_OPTIONS_META`, next to
+/// `CR_PLUGIN_DESC`, so tools can list its `--plugin-option`s without calling `init`
+/// (a criu-cuda convention, documented in `docs/plugin-interface.md`).
+///
+/// ```c
+/// struct cr_plugin_option_meta {     /* 32 bytes */
+///     const char *name;              /* "backend" (without "PLUGIN.") */
+///     const char *value_syntax;      /* "auto|driver-api|cuda-checkpoint"; NULL: bare flag */
+///     const char *default_value;     /* NULL: no default */
+///     const char *help;              /* one line; may be NULL */
+/// };
+/// struct cr_plugin_options_meta {    /* 16 bytes */
+///     unsigned int version;          /* 1 */
+///     unsigned int count;
+///     const struct cr_plugin_option_meta *options;
+/// };
+/// ```
+pub mod options_meta {
+    use std::ffi::c_char;
+
+    /// The exported symbol's name.
+    pub const SYMBOL: &str = "CR_PLUGIN_OPTIONS_META";
+    /// The only layout version defined so far; readers ignore other versions.
+    pub const VERSION: u32 = 1;
+    /// An upper bound on `count`, against garbage.
+    pub const MAX_COUNT: u32 = 256;
+
+    /// `struct cr_plugin_option_meta`.
+    #[repr(C)]
+    #[derive(Debug)]
+    pub struct CrPluginOptionMeta {
+        pub name: *const c_char,
+        pub value_syntax: *const c_char,
+        pub default_value: *const c_char,
+        pub help: *const c_char,
+    }
+
+    /// `struct cr_plugin_options_meta`.
+    #[repr(C)]
+    #[derive(Debug)]
+    pub struct CrPluginOptionsMeta {
+        pub version: u32,
+        pub count: u32,
+        pub options: *const CrPluginOptionMeta,
+    }
+
+    // SAFETY: the metadata only points at static, immutable strings and entries.
+    unsafe impl Sync for CrPluginOptionMeta {}
+    // SAFETY: as above.
+    unsafe impl Sync for CrPluginOptionsMeta {}
+
+    const _: () = {
+        use std::mem::{offset_of, size_of};
+        assert!(size_of::<CrPluginOptionMeta>() == 32);
+        assert!(offset_of!(CrPluginOptionMeta, value_syntax) == 8);
+        assert!(offset_of!(CrPluginOptionMeta, default_value) == 16);
+        assert!(offset_of!(CrPluginOptionMeta, help) == 24);
+        assert!(size_of::<CrPluginOptionsMeta>() == 16);
+        assert!(offset_of!(CrPluginOptionsMeta, count) == 4);
+        assert!(offset_of!(CrPluginOptionsMeta, options) == 8);
+    };
+}
+
+/// `RTLD_DL_SYMENT` for `dladdr1`: ask for the symbol's ELF entry (to read `cr_plugin_ctl`'s
+/// size).
+pub const RTLD_DL_SYMENT: i32 = 1;
+
+#[cfg(test)]
+mod more_tests {
+    #[test]
+    fn streamer_flags_match_the_c_library() {
+        assert_eq!(
+            super::streamer::O_DUMP,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC
+        );
+        assert_eq!(super::streamer::O_RSTR, libc::O_RDONLY);
+        assert_eq!(super::RTLD_DL_SYMENT, 1);
+    }
+}
