@@ -233,43 +233,30 @@ pub fn device_uuid(function: &str, dev: i32) -> R<GpuUuid> {
     })
 }
 
+/// A property of the GPU behind a device ordinal.
+fn device_property<T>(
+    function: &str,
+    dev: i32,
+    f: impl FnOnce(&crate::world::config::GpuConfig) -> T,
+) -> R<T> {
+    let w = world()?;
+    call(&w, function, None, &|| format!("dev={dev}"), || {
+        let u = device_uuid_of(&w, dev)?;
+        w.config()
+            .gpu(u)
+            .map(f)
+            .ok_or(CUresult::ERROR_INVALID_DEVICE)
+    })
+}
+
 /// `cuDeviceGetName`.
 pub fn device_name(dev: i32) -> R<String> {
-    let w = world()?;
-    call(
-        &w,
-        "cuDeviceGetName",
-        None,
-        &|| format!("dev={dev}"),
-        || {
-            let u = device_uuid_of(&w, dev)?;
-            Ok(w.config()
-                .gpus
-                .iter()
-                .find(|g| g.uuid.0 == u)
-                .map(|g| g.name.clone())
-                .unwrap_or_default())
-        },
-    )
+    device_property("cuDeviceGetName", dev, |g| g.name.clone())
 }
 
 /// `cuDeviceTotalMem`.
 pub fn device_total_mem(dev: i32) -> R<u64> {
-    let w = world()?;
-    call(
-        &w,
-        "cuDeviceTotalMem",
-        None,
-        &|| format!("dev={dev}"),
-        || {
-            let u = device_uuid_of(&w, dev)?;
-            Ok(w.config()
-                .gpus
-                .iter()
-                .find(|g| g.uuid.0 == u)
-                .map_or(0, |g| g.memory_mib * 1024 * 1024))
-        },
-    )
+    device_property("cuDeviceTotalMem", dev, |g| g.memory_mib * 1024 * 1024)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -364,25 +351,11 @@ pub fn mem_alloc(size: u64) -> R<u64> {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
         let gpu = current_gpu(&w)?;
-        let capacity = w
-            .config()
-            .gpus
-            .iter()
-            .find(|g| g.uuid.0 == gpu)
-            .map_or(0, |g| g.memory_mib * 1024 * 1024);
+        let capacity = w.config().gpu(gpu).map_or(0, |g| g.capacity_bytes());
         let pid = std::process::id() as i32;
         let id = w
             .update(|st| {
-                let used: u64 = st
-                    .processes
-                    .values()
-                    .filter(|e| {
-                        matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
-                    })
-                    .flat_map(|e| e.allocations.iter())
-                    .filter(|a| a.gpu.0 == gpu)
-                    .map(|a| a.size)
-                    .sum();
+                let used = st.resident_bytes(gpu, None);
                 if used + size > capacity {
                     return Err(CUresult::ERROR_OUT_OF_MEMORY);
                 }
@@ -530,22 +503,8 @@ pub fn memset_d8(dptr: u64, value: u8, n: u64) -> R<()> {
 pub fn mem_get_info() -> R<(u64, u64)> {
     let w = world()?;
     let gpu = current_gpu(&w)?;
-    let total = w
-        .config()
-        .gpus
-        .iter()
-        .find(|g| g.uuid.0 == gpu)
-        .map_or(0, |g| g.memory_mib * 1024 * 1024);
-    let used: u64 = w
-        .read_state()
-        .map_err(os_err)?
-        .processes
-        .values()
-        .filter(|e| matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED))
-        .flat_map(|e| e.allocations.iter())
-        .filter(|a| a.gpu.0 == gpu)
-        .map(|a| a.size)
-        .sum();
+    let total = w.config().gpu(gpu).map_or(0, |g| g.capacity_bytes());
+    let used = w.read_state().map_err(os_err)?.resident_bytes(gpu, None);
     Ok((total.saturating_sub(used), total))
 }
 

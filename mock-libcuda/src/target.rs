@@ -385,18 +385,8 @@ impl Runtime {
             if need == 0 {
                 continue;
             }
-            let used: u64 = state
-                .processes
-                .iter()
-                .filter(|(p, e)| {
-                    **p != pid
-                        && matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
-                })
-                .flat_map(|(_, e)| e.allocations.iter())
-                .filter(|a| a.gpu == g.uuid)
-                .map(|a| a.size)
-                .sum();
-            if used + need > g.memory_mib * 1024 * 1024 {
+            let used = state.resident_bytes(g.uuid.0, Some(pid));
+            if used + need > g.capacity_bytes() {
                 return Err(CUresult::ERROR_OUT_OF_MEMORY);
             }
         }
@@ -428,12 +418,7 @@ impl Runtime {
 }
 
 fn chip_of(world: &World, uuid: GpuUuid) -> Option<String> {
-    world
-        .config()
-        .gpus
-        .iter()
-        .find(|g| g.uuid.0 == uuid)
-        .map(|g| g.chip.clone())
+    world.config().gpu(uuid).map(|g| g.chip.clone())
 }
 
 /// Checks restore GPU pairs against what was checkpointed and what this host has, and returns
@@ -459,7 +444,7 @@ pub fn resolve_restore_map(
         if pairs[..i].iter().any(|(o, n)| o == old || n == new) {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
-        let Some(new_gpu) = host.iter().find(|g| g.uuid.0 == *new) else {
+        let Some(new_gpu) = world.config().gpu(*new) else {
             return Err(CUresult::ERROR_INVALID_VALUE);
         };
         let old_chip = checkpointed

@@ -80,6 +80,14 @@ pub struct GpuConfig {
     pub chip: String,
 }
 
+impl GpuConfig {
+    /// Memory capacity in bytes.
+    #[must_use]
+    pub fn capacity_bytes(&self) -> u64 {
+        self.memory_mib * 1024 * 1024
+    }
+}
+
 /// A GPU UUID that (de)serialises as its strict text form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GpuUuidText(pub GpuUuid);
@@ -312,6 +320,12 @@ impl WorldConfig {
             }
         }
         Ok(())
+    }
+
+    /// The host GPU with this UUID.
+    #[must_use]
+    pub fn gpu(&self, uuid: GpuUuid) -> Option<&GpuConfig> {
+        self.gpus.iter().find(|g| g.uuid.0 == uuid)
     }
 
     /// Serialises back to TOML.

@@ -88,6 +88,22 @@ pub struct CheckpointedGpu {
 }
 
 impl StateFile {
+    /// Device memory resident on `gpu`: the allocations of RUNNING and LOCKED processes
+    /// (a checkpointed process holds none), leaving out `except`.
+    #[must_use]
+    pub fn resident_bytes(&self, gpu: abi::GpuUuid, except: Option<i32>) -> u64 {
+        self.processes
+            .iter()
+            .filter(|(pid, e)| {
+                Some(**pid) != except
+                    && matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
+            })
+            .flat_map(|(_, e)| e.allocations.iter())
+            .filter(|a| a.gpu.0 == gpu)
+            .map(|a| a.size)
+            .sum()
+    }
+
     /// Reads and validates a state file.
     pub fn load(path: &Path) -> Result<StateFile, WorldError> {
         let bad = |reason: String| WorldError::State {
