@@ -482,12 +482,13 @@ action = { kind = "crash", signal = "SIGABRT" }
     // return: the code's status and message, and nothing happened.
     let r = w.cli(&["--action", "lock", "--pid", &p]);
     assert_eq!(r.code(), 88, "{r:?}");
-    assert_eq!(r.stderr, "Error: \"device not ready\"\n");
+    assert_eq!(r.stderr, "Error: injected fault: \"device not ready\"\n");
     assert_eq!(w.cli_state(app), "running");
 
     // error-after: the lock happened, and the caller is told it failed.
     let r = w.cli(&["--action", "lock", "--pid", &p]);
     assert_eq!(r.code(), 231, "CUDA_ERROR_UNKNOWN (999 % 256): {r:?}");
+    assert_eq!(r.stderr, "Error: injected fault: \"unknown error\"\n");
     assert_eq!(w.cli_state(app), "locked");
 
     // crash: the utility dies by the signal, before touching the target.

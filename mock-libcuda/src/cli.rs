@@ -577,7 +577,7 @@ pub fn fault_key(argv: &[String], generation: CliGeneration) -> (Vec<&'static st
 }
 
 /// The `cuGetErrorString` text of a code, as the messages quote it.
-fn describe(code: CUresult) -> String {
+pub fn describe(code: CUresult) -> String {
     match code.description() {
         Some(d) => d.to_owned(),
         None => format!("unrecognized error code {}", code.0),

@@ -32,21 +32,11 @@ pub fn run_command_line(args: &[String]) -> i32 {
                     let _ = std::io::stdout().flush();
                     break 'run *status;
                 }
-                FaultAction::Return { code } => {
-                    eprintln!(
-                        "Error: \"{}\"",
-                        code.0.description().unwrap_or("unknown error")
-                    );
-                    break 'run i32::from(code.0.exit_status());
-                }
+                FaultAction::Return { code } => break 'run injected(code.0),
                 FaultAction::ErrorAfter { code } => after = Some(code.0),
                 other => {
                     if let Err(code) = driver::apply_fault(&w, other, target, || Ok(())) {
-                        eprintln!(
-                            "Error: \"{}\"",
-                            code.description().unwrap_or("unknown error")
-                        );
-                        break 'run i32::from(code.exit_status());
+                        break 'run injected(code);
                     }
                 }
             }
@@ -61,7 +51,7 @@ pub fn run_command_line(args: &[String]) -> i32 {
             &mut stderr.lock(),
         );
         match after {
-            Some(code) => i32::from(code.exit_status()),
+            Some(code) => injected(code),
             None => status,
         }
     };
@@ -71,4 +61,11 @@ pub fn run_command_line(args: &[String]) -> i32 {
         &format!("exit={status}"),
     );
     status
+}
+
+/// Reports an injected failure the way the utility reports a failing driver call (the code's
+/// description, quoted) and returns its exit status.
+fn injected(code: CUresult) -> i32 {
+    eprintln!("Error: injected fault: \"{}\"", crate::cli::describe(code));
+    i32::from(code.exit_status())
 }
