@@ -45,9 +45,11 @@ pub mod env;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod ffi;
+pub mod gpu_map;
 pub mod hooks;
 pub mod host;
 pub mod image;
+pub mod inventory;
 pub mod options;
 pub mod select;
 pub mod session;
