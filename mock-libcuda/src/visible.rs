@@ -22,7 +22,10 @@ pub fn visible_indices(value: Option<&str>, host: &[GpuUuid]) -> Vec<usize> {
     }
     for entry in value.split(',') {
         let entry = entry.trim();
-        let index = if entry.len() >= 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
+        let index = if entry
+            .get(..4)
+            .is_some_and(|p| p.eq_ignore_ascii_case("GPU-"))
+        {
             let hits: Vec<usize> = (0..host.len())
                 .filter(|&i| host[i].has_text_prefix(entry))
                 .collect();
@@ -94,7 +97,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn result_is_a_duplicate_free_prefix_of_valid_entries(s in "[0-9GPU,a-f -]{0,40}") {
+        fn result_is_a_duplicate_free_prefix_of_valid_entries(s in "[0-9GPU,a-f -٫é]{0,40}") {
             let h = host();
             let v = visible_indices(Some(&s), &h);
             prop_assert!(v.len() <= h.len());

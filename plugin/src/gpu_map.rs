@@ -61,7 +61,7 @@ fn entry_err(entry: &str, reason: impl Into<String>) -> MapError {
 }
 
 fn is_uuidish(s: &str) -> bool {
-    s.len() >= 4 && s[..4].eq_ignore_ascii_case("GPU-")
+    s.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GPU-"))
 }
 
 impl MapSpec {
