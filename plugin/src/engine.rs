@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | PAUSE_DEVICES | running, not yet seized | find the restore thread (none: `NotMine`, i.e. `-ENOTSUP`); record the initial CUDA state; lock with the timeout unless already locked/checkpointed; on failure leave the task as found |
 //! | CHECKPOINT_DEVICES | whole tree ptrace-stopped | resume only the restore thread, checkpoint, stop it again; write the task image; add the inventory entry once per dump |
-//! | DUMP_FINISH(ret) (hook 16 where the host has it, else `exit(DUMP, ret)`) | still stopped | if the dump failed or the tasks stay alive: put every task we changed back in its initial state, state-driven (query, then act), logging tasks that could not be recovered |
+//! | DUMP_FINISH(ret) (hook 16 where the host has it, else `exit(DUMP, ret)`) | still stopped | if the dump failed or the tasks stay alive: wait (at most one lock deadline) for a driver call abandoned on timeout to return (then stop waiting for it), put every task we changed back in its initial state, state-driven (query, then act), logging tasks that could not be recovered |
 //! | RESUME_DEVICES_LATE | restored, still ptrace-stopped | resume the restore thread, restore (with the device map), unlock when the task was running at dump time, stop it again |
 //!
 //! Every result is `Ok(Outcome)` or an [`EngineError`] that names the hook, the pid and the
@@ -21,7 +21,7 @@
 //! **`--leave-stopped`.** Only a failed dump or `--leave-running` (CRIU's `TASK_ALIVE`) triggers
 //! the rollback, like CRIU's C plugin: with `--leave-stopped` the tasks stay CHECKPOINTED.
 
-use crate::backend::{Backend, BackendError, GpuPair, Pid, Tid};
+use crate::backend::{op_deadline, Backend, BackendError, GpuPair, Op, Pid, Tid};
 use crate::host::{Host, HostError, Level};
 use crate::image::{ImageError, TaskImage};
 use crate::thread::{ThreadControl, ThreadError};
@@ -340,12 +340,21 @@ impl Engine {
         } else {
             "the tasks stay running"
         };
+        if self
+            .tasks
+            .iter()
+            .any(|t| t.locked_by_us || t.checkpointed_by_us)
+        {
+            self.settle_abandoned_call();
+        }
         let mut failed = Vec::new();
         for i in 0..self.tasks.len() {
             let rec = self.tasks[i].clone();
             if !rec.locked_by_us && !rec.checkpointed_by_us {
                 continue;
             }
+            // A call of an earlier put-back that timed out must not block this task's.
+            self.backend.settle(Duration::ZERO);
             match self.put_back(&rec) {
                 Ok(()) => {
                     self.tasks[i].locked_by_us = false;
@@ -367,6 +376,37 @@ impl Engine {
             let e = EngineError::RollbackIncomplete { pids: failed };
             self.log(Level::Error, &e.to_string());
             Err(e)
+        }
+    }
+
+    /// Before a rollback: a driver call abandoned on timeout (a lock that took too long, say)
+    /// blocks every other call until it returns, and may still take effect. Wait for it, at most
+    /// one lock deadline, so the state-driven rollback sees (and undoes) whatever it did; after
+    /// that, stop waiting for it, so that it cannot keep the other tasks locked.
+    fn settle_abandoned_call(&mut self) {
+        let Some(limit) = op_deadline(Op::Lock, self.cfg.timeout) else {
+            return; // no timeout: no call is ever abandoned
+        };
+        let t = std::time::Instant::now();
+        if self.backend.settle(limit) {
+            let waited = t.elapsed();
+            if waited >= Duration::from_millis(1) {
+                self.log(
+                    Level::Info,
+                    &format!(
+                        "dump finish: waited {:.1} ms for a timed-out driver call to return",
+                        waited.as_secs_f64() * 1000.0
+                    ),
+                );
+            }
+        } else {
+            self.log(
+                Level::Error,
+                &format!(
+                    "dump finish: a timed-out driver call is still blocked after another \
+                     {limit:?}; putting the tasks back without waiting for it"
+                ),
+            );
         }
     }
 

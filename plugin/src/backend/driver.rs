@@ -12,7 +12,9 @@
 //! ([`super::op_deadline`]). On timeout the hook returns [`BackendError::Timeout`] and the worker
 //! is *abandoned*: it keeps its (shared) handle on the driver and finishes whenever the driver
 //! returns. At most one call is outstanding: while an abandoned call is still blocked, every
-//! further call fails at once with [`BackendError::Busy`] instead of queueing behind it. Because
+//! further call fails at once with [`BackendError::Busy`] instead of queueing behind it, until
+//! [`Backend::settle`] gives up waiting for it (the rollback does, so that one hung call cannot
+//! leave every other task locked; each later call still has its own deadline). Because
 //! CRIU `dlclose`s plugins after `exit`, an abandonment also calls the `on_abandon` hook, which the
 //! FFI layer uses to pin this library in memory (`RTLD_NODELETE`) so the worker never returns into
 //! unmapped code.
@@ -242,6 +244,20 @@ impl DriverApi {
         }
     }
 
+    /// Waits at most `limit` for the abandoned call (if any) to return.
+    fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if !self.has_outstanding_call() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn code(op: Op, pid: Pid, code: CUresult) -> Result<(), BackendError> {
         if code.is_success() {
             Ok(())
@@ -259,6 +275,16 @@ impl DriverApi {
 impl Backend for DriverApi {
     fn kind(&self) -> BackendKind {
         BackendKind::DriverApi
+    }
+
+    fn settle(&mut self, limit: Duration) -> bool {
+        if self.wait_idle(limit) {
+            return true;
+        }
+        // Still blocked: stop waiting for it. Its worker keeps (and will clear) the old marker;
+        // later calls use a fresh one, each with its own deadline.
+        self.busy = Arc::new(Mutex::new(None));
+        false
     }
 
     fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError> {
@@ -573,5 +599,46 @@ pub(crate) mod tests {
         assert!(!b.has_outstanding_call(), "the worker finished");
         b.unlock(2)
             .expect("usable again once the abandoned call returned");
+    }
+
+    #[test]
+    fn settle_waits_for_an_abandoned_call_within_its_limit() {
+        let (mut b, _) = backend(
+            FakeDriver {
+                delay: Some(Duration::from_millis(300)),
+                ..Default::default()
+            },
+            Some(Duration::from_millis(20)),
+        );
+        assert!(b.settle(Duration::ZERO), "nothing outstanding");
+        b.get_restore_tid(1).unwrap_err();
+        assert!(
+            !b.settle(Duration::from_millis(10)),
+            "still blocked after a short wait"
+        );
+        let t = std::time::Instant::now();
+        assert!(b.settle(Duration::from_secs(5)), "returns once it is done");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        b.unlock(2).expect("usable after settling");
+    }
+
+    #[test]
+    fn settle_gives_up_on_a_call_that_stays_blocked_and_lets_later_calls_through() {
+        let (mut b, _) = backend(
+            FakeDriver {
+                delay: Some(Duration::from_millis(400)),
+                ..Default::default()
+            },
+            Some(Duration::from_millis(20)),
+        );
+        b.get_restore_tid(1).unwrap_err();
+        assert!(matches!(b.unlock(2), Err(BackendError::Busy { .. })));
+        assert!(!b.settle(Duration::from_millis(10)), "gave up waiting");
+        assert!(!b.has_outstanding_call());
+        b.unlock(2)
+            .expect("no longer refused because of the abandoned call");
+        std::thread::sleep(Duration::from_millis(500));
+        b.unlock(3)
+            .expect("the old worker's return changes nothing");
     }
 }

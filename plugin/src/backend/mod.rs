@@ -229,6 +229,17 @@ pub trait Backend: Send {
     fn executions(&self) -> Option<usize> {
         None
     }
+    /// Waits at most `limit` for a call abandoned on timeout to return; true when none is
+    /// outstanding (any more). While one is, the driver-API backend refuses every other call, so
+    /// the rollback waits here first: without this, a task locked before the one whose lock timed
+    /// out could not be unlocked, and a late lock would go unnoticed. When the call is still
+    /// blocked after `limit`, the backend stops waiting for it (later calls are no longer refused
+    /// because of it) and returns false. Backends that never abandon a call (the CLI kills and
+    /// reaps its child) have nothing to wait for.
+    fn settle(&mut self, limit: Duration) -> bool {
+        let _ = limit;
+        true
+    }
 }
 
 #[cfg(test)]

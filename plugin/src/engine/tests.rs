@@ -17,6 +17,11 @@ enum FaultKind {
     Timeout,
     /// The call takes effect but reports a timeout (a lock that completed late).
     LateSuccess,
+    /// The call times out and is abandoned (the driver-API backend): every later call is refused
+    /// as busy until the backend settles, and then the call takes effect after all.
+    Abandoned,
+    /// Like `Abandoned`, but the call never returns: `settle` gives up on it.
+    Hung,
 }
 
 #[derive(Debug, Clone)]
@@ -38,6 +43,9 @@ struct World {
     fault_at: Option<(usize, FaultKind)>,
     inventory_adds: usize,
     images: HashMap<Pid, Vec<u8>>,
+    /// The call abandoned by a [`FaultKind::Abandoned`] or [`FaultKind::Hung`] fault, until
+    /// `settle`; true when it never returns.
+    abandoned: Option<(Op, Pid, bool)>,
     logs: Vec<(Level, String)>,
 }
 
@@ -88,6 +96,17 @@ impl FakeBackend {
     ) -> Result<(), BackendError> {
         let mut w = self.0.lock().unwrap();
         let fault = w.call(format!("{op:?} {pid}"));
+        if let Some((bop, bpid, _)) = w.abandoned {
+            return Err(BackendError::Busy {
+                op,
+                pid,
+                blocked: format!("{bop} pid {bpid}"),
+            });
+        }
+        if let Some(kind @ (FaultKind::Abandoned | FaultKind::Hung)) = fault {
+            w.abandoned = Some((op, pid, kind == FaultKind::Hung));
+            return Err(timeout(op, pid));
+        }
         let task = w.tasks.get_mut(&pid).expect("known pid");
         // Requests are served by the restore thread, so they hang on a stopped task unless that
         // thread runs. The restore TID itself is readable without it (CRIU's C plugin queries it
@@ -102,7 +121,7 @@ impl FakeBackend {
                 let _ = f(task);
                 return Err(timeout(op, pid));
             }
-            None => {}
+            Some(FaultKind::Abandoned | FaultKind::Hung) | None => {}
         }
         f(task).map_err(|code| cuda(op, pid, code))
     }
@@ -164,6 +183,32 @@ impl Backend for FakeBackend {
         self.op(Op::Unlock, pid, |t| {
             transition(t, CUprocessState::LOCKED, CUprocessState::RUNNING)
         })
+    }
+    fn settle(&mut self, limit: Duration) -> bool {
+        let mut w = self.0.lock().unwrap();
+        w.calls.push(format!("Settle {}ms", limit.as_millis()));
+        match w.abandoned {
+            // Never returns: the backend stops waiting for it.
+            Some((_, _, true)) => {
+                w.abandoned = None;
+                return false;
+            }
+            Some(_) => w.calls.push("Returned".into()),
+            None => {}
+        }
+        // The abandoned call returns now, and takes effect after all.
+        if let Some((op, pid, _)) = w.abandoned.take() {
+            use CUprocessState as S;
+            let t = w.tasks.get_mut(&pid).expect("known pid");
+            let _ = match op {
+                Op::Lock => transition(t, S::RUNNING, S::LOCKED),
+                Op::Checkpoint => transition(t, S::LOCKED, S::CHECKPOINTED),
+                Op::Restore => transition(t, S::CHECKPOINTED, S::LOCKED),
+                Op::Unlock => transition(t, S::LOCKED, S::RUNNING),
+                _ => Ok(()),
+            };
+        }
+        true
     }
 }
 
@@ -405,6 +450,63 @@ fn leave_running_puts_every_task_back_in_its_initial_state() {
         );
         assert!(!any_thread_running(&w));
     }
+}
+
+#[test]
+fn an_abandoned_call_is_waited_for_before_the_rollback() {
+    // With a timeout, a driver call that times out is abandoned and blocks every later call
+    // until it returns (and may then take effect, e.g. a late lock). The rollback settles it
+    // first (or gives up on one that never returns), so every task still goes back to how it
+    // was found.
+    let cfg = || EngineConfig {
+        timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    };
+    let clean = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&clean, cfg());
+    assert_eq!(criu_dump(&clean, &mut e).0, 0);
+    let names = clean.lock().unwrap().calls.clone();
+    for (k, name) in names.iter().enumerate() {
+        let backend_call = ["GetRestoreTid", "GetState", "Lock", "Checkpoint"]
+            .iter()
+            .any(|p| name.starts_with(&format!("{p} ")));
+        if !backend_call {
+            continue;
+        }
+        for kind in [FaultKind::Abandoned, FaultKind::Hung] {
+            let case = format!("call {k} ({name}): {kind:?}");
+            let w = world([CUprocessState::RUNNING; 2]);
+            w.lock().unwrap().fault_at = Some((k, kind));
+            let mut e = engine(&w, cfg());
+            let (ret, _) = criu_dump(&w, &mut e);
+            assert_eq!(ret, -1, "{case}: the dump must fail");
+            let calls = w.lock().unwrap().calls.clone();
+            assert_eq!(
+                states(&w),
+                vec![CUprocessState::RUNNING; 3],
+                "{case}: every task back as found (calls: {calls:?})"
+            );
+            assert!(!any_thread_running(&w), "{case}");
+        }
+    }
+    // Without a timeout nothing is ever abandoned, so nothing is waited for (the per-task check
+    // before each put-back does not wait).
+    let w = world([CUprocessState::RUNNING; 2]);
+    let lock = names
+        .iter()
+        .position(|c| c == "Lock 101")
+        .expect("a lock call");
+    w.lock().unwrap().fault_at = Some((lock, FaultKind::Error));
+    let mut e = engine(&w, EngineConfig::default());
+    let _ = criu_dump(&w, &mut e);
+    let calls = w.lock().unwrap().calls.clone();
+    assert!(
+        calls
+            .iter()
+            .all(|c| !c.starts_with("Settle") || c == "Settle 0ms"),
+        "{calls:?}"
+    );
+    assert_eq!(states(&w), vec![CUprocessState::RUNNING; 3]);
 }
 
 #[test]

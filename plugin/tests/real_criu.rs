@@ -1,0 +1,834 @@
+//! `cuda_plugin.so` under real CRIU (4.1.x and 4.2.x, whichever are present) against mock CUDA
+//! workload trees in a mock world: one trial per CRIU version × backend × case.
+//!
+//! | Case | What it checks |
+//! |---|---|
+//! | `dump-restore` | a 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) dumps and restores; every task runs free (not stopped, not traced), every CUDA task is RUNNING in the world, the GPU data checks PASS |
+//! | `lock-fails` | the 2nd CUDA task's lock fails (`NOT_READY`): the dump fails, the tree keeps running, nothing stays locked |
+//! | `checkpoint-fails` | the 2nd CUDA task's checkpoint fails: the dump fails, the 1st task is restored and unlocked |
+//! | `lock-timeout` | the 2nd CUDA task's lock takes longer than `cuda_plugin.timeout=1` (+ the lock grace): the dump fails, nothing stays locked, also after the late call would have finished |
+//! | `checkpoint-hang` | the 2nd CUDA task's checkpoint never returns (`timeout=1`): the dump fails, the call is abandoned (driver API) or the utility killed, and every task is still put back running |
+//! | `leave-running` | `--leave-running`: the tree keeps running unlocked; a second (normal) dump of it restores |
+//! | `exec-counts-nN` | N CUDA tasks dump and restore; the `cuda-checkpoint` runs (from the world's trace) are at most 4N+1 per dump and 2N+1 per restore; per-task hook times are printed |
+//!
+//! Every case ends by checking that nothing but its tree is left running (no `cuda-checkpoint`,
+//! no CRIU), killing the tree, and checking that no process of its world remains. The trials run
+//! one at a time (restores need their old pids free). A table of the results with dump/restore
+//! times, the execution counts and the hook times is printed at the end.
+//!
+//! Skips (with the reason) when not root, or when no CRIU is found (see `support` for where it
+//! is looked for) unless `CRIU_CUDA_REQUIRE_CRIU=1`. `CRIU_CUDA_REAL_CRIU_N32=0` marks the
+//! `exec-counts-n32` trials ignored (~2-5 s each on 2 cores). A failed case keeps its directory
+//! (images, CRIU logs, world, report) and prints its path; `CRIU_CUDA_REAL_CRIU_KEEP=1` keeps
+//! every case's.
+//!
+//! Run: `cargo test -p cuda-plugin --test real_criu [-- FILTER]`, e.g. `-- criu-4.2/driver-api/`.
+
+mod support;
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// One row of the final table.
+#[derive(Debug, Clone)]
+struct Row {
+    version: String,
+    backend: &'static str,
+    case: String,
+    result: String,
+    dumps: Vec<f64>,
+    restores: Vec<f64>,
+}
+
+static ROWS: Mutex<Vec<Row>> = Mutex::new(Vec::new());
+static NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn note(s: String) {
+    println!("    {s}");
+    NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+}
+
+const BACKENDS: [&str; 2] = ["driver-api", "cuda-checkpoint"];
+
+/// How long a delayed lock sleeps in the `lock-timeout` case: longer than `timeout=1` plus the
+/// plugin's lock grace (2 s).
+const LOCK_DELAY_MS: u64 = 3500;
+
+/// A finished CRIU run.
+#[derive(Debug)]
+struct CriuRun {
+    code: Option<i32>,
+    ms: f64,
+    log: String,
+}
+
+impl CriuRun {
+    fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// One case: its directory, world, plugin directory and workload tree.
+struct Case {
+    criu: Criu,
+    backend: &'static str,
+    /// The case's directory (kept on failure for a post-mortem).
+    dir: Option<tempfile::TempDir>,
+    path: PathBuf,
+    keep: bool,
+    world: PathBuf,
+    libdir: PathBuf,
+    bindir: PathBuf,
+    options: String,
+    report: PathBuf,
+    /// Every pid of the tree, root first, and which have CUDA.
+    pids: Vec<i32>,
+    cuda: Vec<i32>,
+    dumps: Vec<f64>,
+    restores: Vec<f64>,
+}
+
+impl Case {
+    fn new(criu: &Criu, backend: &'static str, faults: &str, extra_options: &str) -> R<Case> {
+        let a = artifacts().as_ref().map_err(Clone::clone)?;
+        let dir = tempfile::Builder::new()
+            .prefix("real-criu-")
+            .tempdir()
+            .map_err(|e| format!("a temporary directory: {e}"))?;
+        let world = dir.path().join("world");
+        let libdir = dir.path().join("plugins");
+        let bindir = dir.path().join("bin");
+        for d in [&libdir, &bindir] {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        std::fs::copy(&a.plugin_so, libdir.join("cuda_plugin.so"))
+            .map_err(|e| format!("copying {}: {e}", a.plugin_so.display()))?;
+        std::os::unix::fs::symlink(&a.cuda_checkpoint, bindir.join("cuda-checkpoint"))
+            .map_err(|e| format!("linking cuda-checkpoint: {e}"))?;
+        let cfg = dir.path().join("world.toml");
+        std::fs::write(&cfg, world_config(faults)).map_err(|e| format!("world.toml: {e}"))?;
+        let out = Command::new(&a.mock_world)
+            .arg("init")
+            .arg(&world)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--lib")
+            .arg(&a.mock_so)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("running mock-world: {e}"))?;
+        ensure!(
+            out.status.success(),
+            "mock-world init failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let options = format!("cuda_plugin.backend={backend} {extra_options}")
+            .trim()
+            .to_owned();
+        Ok(Case {
+            criu: criu.clone(),
+            backend,
+            report: dir.path().join("report.txt"),
+            path: dir.path().to_path_buf(),
+            dir: Some(dir),
+            keep: false,
+            world,
+            libdir,
+            bindir,
+            options,
+            pids: Vec::new(),
+            cuda: Vec::new(),
+            dumps: Vec::new(),
+            restores: Vec::new(),
+        })
+    }
+
+    /// `MOCK_CUDA_WORLD=<world>`: marks every process of this case.
+    fn marker(&self) -> String {
+        format!("MOCK_CUDA_WORLD={}", self.world.display())
+    }
+
+    fn env(&self, cmd: &mut Command) {
+        cmd.env("MOCK_CUDA_WORLD", &self.world)
+            .env("LD_LIBRARY_PATH", self.world.join("lib"))
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("CRIU_CUDA_PLUGIN_MAX_HOOKS");
+    }
+
+    /// Starts `mock-cuda-app args…` in a new session and waits for `procs` READY lines.
+    fn spawn_tree(&mut self, args: &[&str], procs: usize) -> R {
+        let a = artifacts().as_ref().map_err(Clone::clone)?;
+        let mut cmd = Command::new(&a.mock_app);
+        cmd.args(args)
+            .arg("--report")
+            .arg(&self.report)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.env(&mut cmd);
+        in_new_session(&mut cmd);
+        // Not kept as a `Child`: `reap` collects it with the orphans.
+        let root = cmd
+            .spawn()
+            .map_err(|e| format!("starting mock-cuda-app: {e}"))?
+            .id() as i32;
+        let ready = |r: &str| r.lines().filter(|l| l.starts_with("READY ")).count();
+        let limit = Duration::from_secs(10 + procs as u64);
+        if !wait_until(limit, || ready(&read(&self.report)) >= procs) {
+            self.pids = vec![root];
+            return Err(format!(
+                "the workload tree did not report {procs} READY lines: {}",
+                read(&self.report)
+            ));
+        }
+        for l in read(&self.report).lines() {
+            let Some(rest) = l.strip_prefix("READY ") else {
+                continue;
+            };
+            let field = |k: &str| {
+                rest.split_whitespace()
+                    .find_map(|f| f.strip_prefix(k).map(str::to_owned))
+            };
+            let pid: i32 = field("pid=")
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| format!("bad READY line {l:?}"))?;
+            self.pids.push(pid);
+            if field("cuda=").as_deref() == Some("yes") {
+                self.cuda.push(pid);
+            }
+        }
+        // The root starts its children before it reports READY: put it first.
+        let i = self
+            .pids
+            .iter()
+            .position(|&p| p == root)
+            .ok_or_else(|| format!("the root {root} did not report READY: {:?}", self.pids))?;
+        self.pids[..=i].rotate_right(1);
+        if let Some(j) = self.cuda.iter().position(|&p| p == root) {
+            self.cuda[..=j].rotate_right(1);
+        }
+        Ok(())
+    }
+
+    /// Runs CRIU with `args` and the case's environment; the log goes to `<dir>/<log>`.
+    fn criu(&self, args: &[&str], log: &str) -> R<CriuRun> {
+        let log_path = self.path.join(log);
+        let out = std::fs::File::create(self.path.join(format!("{log}.out")))
+            .map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&self.criu.path);
+        cmd.args(args)
+            .arg("-L")
+            .arg(&self.libdir)
+            .args(["-v4", "-o"])
+            .arg(&log_path)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .env("CRIU_CUDA_FORCE_ENABLE", "1")
+            .env("CRIU_PLUGIN_OPTIONS", &self.options);
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut new_path = self.bindir.clone().into_os_string();
+        new_path.push(":");
+        new_path.push(path);
+        cmd.env("PATH", new_path);
+        self.env(&mut cmd);
+        let t = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", self.criu.path.display()))?;
+        let deadline = t + Duration::from_secs(120);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("criu {args:?} ran over 120 s; killed"));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+                Err(e) => return Err(format!("waiting for criu: {e}")),
+            }
+        };
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        reap();
+        Ok(CriuRun {
+            code: status.code(),
+            ms,
+            log: read(&log_path),
+        })
+    }
+
+    fn images(&self, name: &str) -> R<String> {
+        let d = self.path.join(name);
+        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        Ok(d.display().to_string())
+    }
+
+    /// `criu dump` of the tree into `<dir>/<images>`.
+    fn dump(&mut self, images: &str, leave_running: bool) -> R<CriuRun> {
+        let d = self.images(images)?;
+        let root = self.pids[0].to_string();
+        let mut args = vec!["dump", "-t", &root, "-D", &d];
+        if leave_running {
+            args.push("--leave-running");
+        }
+        let r = self.criu(&args, &format!("{images}-dump.log"))?;
+        self.dumps.push(r.ms);
+        Ok(r)
+    }
+
+    /// `criu restore -d` from `<dir>/<images>`.
+    fn restore(&mut self, images: &str) -> R<CriuRun> {
+        let d = self.images(images)?;
+        let r = self.criu(
+            &["restore", "-D", &d, "-d"],
+            &format!("{images}-restore.log"),
+        )?;
+        self.restores.push(r.ms);
+        Ok(r)
+    }
+
+    fn expect_ok(&self, what: &str, r: &CriuRun) -> R {
+        ensure!(
+            r.ok(),
+            "criu {what} failed ({:?}); log tail:\n{}",
+            r.code,
+            tail(&r.log, 25)
+        );
+        Ok(())
+    }
+
+    /// Waits until every pid of the tree is gone (reaping what is reparented to us).
+    fn wait_tree_gone(&self) -> R {
+        for &pid in &self.pids {
+            let gone = wait_until(Duration::from_secs(10), || {
+                reap();
+                !exists(pid)
+            });
+            ensure!(gone, "pid {pid} of the dumped tree is still there");
+        }
+        Ok(())
+    }
+
+    fn check_running_once(&self) -> R {
+        for &pid in &self.pids {
+            check_free_running(pid)?;
+        }
+        let a = artifacts().as_ref().map_err(Clone::clone)?;
+        let states = world_states(&a.mock_world, &self.world)?;
+        for &pid in &self.cuda {
+            let st = states.iter().find(|(p, _)| *p == pid).map(|(_, s)| s);
+            ensure!(
+                st.map(String::as_str) == Some("running"),
+                "pid {pid} is {st:?} in the mock world, not running"
+            );
+        }
+        Ok(())
+    }
+
+    /// Every task runs free and every CUDA task is RUNNING (unlocked) in the world.
+    fn check_running(&self) -> R {
+        if wait_until(Duration::from_secs(3), || self.check_running_once().is_ok()) {
+            return Ok(());
+        }
+        self.check_running_once()
+    }
+
+    /// Asks every task to check its data (SIGUSR1) and expects a PASS line from each.
+    fn verify_data(&self) -> R {
+        let before = read(&self.report).lines().count();
+        for &pid in &self.pids {
+            ensure!(signal(pid, SIGUSR1), "signalling pid {pid}");
+        }
+        let answered = |pid: i32| {
+            let needle = format!(" pid={pid} ");
+            let r = read(&self.report);
+            r.lines()
+                .skip(before)
+                .any(|l| (l.starts_with("PASS") || l.starts_with("FAIL")) && l.contains(&needle))
+        };
+        let all = wait_until(Duration::from_secs(10), || {
+            self.pids.iter().all(|&p| answered(p))
+        });
+        let report = read(&self.report);
+        ensure!(
+            !report.lines().any(|l| l.starts_with("FAIL")),
+            "a task failed its data check:\n{report}"
+        );
+        ensure!(all, "not every task answered SIGUSR1:\n{report}");
+        Ok(())
+    }
+
+    /// Kills what is left of the case's processes and checks that none remains, and that
+    /// nothing but the tree itself was still running (a `cuda-checkpoint` or CRIU left behind).
+    fn teardown(&mut self) -> R {
+        let marker = self.marker();
+        reap();
+        let strays: Vec<i32> = processes_with_env(&marker)
+            .into_iter()
+            .filter(|p| !self.pids.contains(p))
+            .inspect(|p| {
+                let cmd = read(Path::new(&format!("/proc/{p}/cmdline"))).replace('\0', " ");
+                eprintln!("    stray process {p}: {cmd}");
+            })
+            .collect();
+        let mut left = Vec::new();
+        let done = wait_until(Duration::from_secs(5), || {
+            for pid in processes_with_env(&marker) {
+                signal(pid, SIGCONT);
+                signal(pid, SIGKILL);
+            }
+            reap();
+            left = processes_with_env(&marker);
+            left.is_empty()
+        });
+        ensure!(done, "processes of the case are left: {left:?}");
+        ensure!(
+            strays.is_empty(),
+            "processes other than the workload tree were left running: {strays:?}"
+        );
+        Ok(())
+    }
+
+    fn second_cuda(&self) -> R<i32> {
+        self.cuda
+            .get(1)
+            .copied()
+            .ok_or_else(|| format!("the tree has fewer than 2 CUDA tasks: {:?}", self.cuda))
+    }
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        let _ = self.teardown();
+        if self.keep {
+            if let Some(d) = self.dir.take() {
+                eprintln!("    kept {} for inspection", d.keep().display());
+            }
+        }
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The 3-process tree: a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild.
+const TREE3: [&str; 8] = [
+    "--kib",
+    "64",
+    "--threads",
+    "1",
+    "--children",
+    "1",
+    "--child-args",
+    "--cpu-only --children 1 --kib 16",
+];
+
+fn spawn_tree3(c: &mut Case) -> R {
+    c.spawn_tree(&TREE3, 3)?;
+    ensure!(
+        c.pids.len() == 3 && c.cuda.len() == 2 && c.cuda[0] == c.pids[0],
+        "unexpected tree: pids {:?}, CUDA {:?}",
+        c.pids,
+        c.cuda
+    );
+    ensure!(
+        threads(c.pids[0]).len() >= 3,
+        "the root is not multi-threaded"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases
+
+fn dump_restore(c: &mut Case) -> R {
+    spawn_tree3(c)?;
+    let d = c.dump("img", false)?;
+    c.expect_ok("dump", &d)?;
+    c.wait_tree_gone()?;
+    let r = c.restore("img")?;
+    c.expect_ok("restore", &r)?;
+    c.check_running()?;
+    c.verify_data()?;
+    c.teardown()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    Lock,
+    Checkpoint,
+    Timeout,
+    CheckpointHang,
+}
+
+impl Failure {
+    fn name(self) -> &'static str {
+        match self {
+            Failure::Lock => "lock-fails",
+            Failure::Checkpoint => "checkpoint-fails",
+            Failure::Timeout => "lock-timeout",
+            Failure::CheckpointHang => "checkpoint-hang",
+        }
+    }
+
+    /// The fault (on the 2nd CUDA task) and extra options.
+    fn setup(self, backend: &str) -> (String, &'static str) {
+        let cli = backend == "cuda-checkpoint";
+        let (function, action) = match self {
+            Failure::Lock => (
+                if cli {
+                    "cuda-checkpoint:lock"
+                } else {
+                    "cuCheckpointProcessLock"
+                },
+                r#"{ kind = "return", code = "CUDA_ERROR_NOT_READY" }"#.to_owned(),
+            ),
+            Failure::Checkpoint => (
+                if cli {
+                    "cuda-checkpoint:checkpoint"
+                } else {
+                    "cuCheckpointProcessCheckpoint"
+                },
+                r#"{ kind = "return", code = "CUDA_ERROR_OUT_OF_MEMORY" }"#.to_owned(),
+            ),
+            Failure::Timeout => (
+                if cli {
+                    "cuda-checkpoint:lock"
+                } else {
+                    "cuCheckpointProcessLock"
+                },
+                format!(r#"{{ kind = "delay", ms = {LOCK_DELAY_MS} }}"#),
+            ),
+            Failure::CheckpointHang => (
+                if cli {
+                    "cuda-checkpoint:checkpoint"
+                } else {
+                    "cuCheckpointProcessCheckpoint"
+                },
+                r#"{ kind = "hang" }"#.to_owned(),
+            ),
+        };
+        let opts = match self {
+            Failure::Timeout | Failure::CheckpointHang => "cuda_plugin.timeout=1",
+            Failure::Lock | Failure::Checkpoint => "",
+        };
+        (fault(function, 2, &action), opts)
+    }
+}
+
+fn dump_fails(c: &mut Case, f: Failure) -> R {
+    spawn_tree3(c)?;
+    let second = c.second_cuda()?;
+    let started = Instant::now();
+    let d = c.dump("img", false)?;
+    ensure!(
+        !d.ok(),
+        "the dump succeeded despite the fault; log tail:\n{}",
+        tail(&d.log, 25)
+    );
+    let hook = match f {
+        Failure::Lock | Failure::Timeout => "PAUSE_DEVICES",
+        Failure::Checkpoint | Failure::CheckpointHang => "CHECKPOINT_DEVICES",
+    };
+    let failed_line = format!("cuda_plugin: {hook} pid {second}:");
+    ensure!(
+        d.log
+            .lines()
+            .any(|l| l.contains(&failed_line) && !l.contains("done in")),
+        "no plugin error for the 2nd CUDA task ({failed_line}); log tail:\n{}",
+        tail(&d.log, 25)
+    );
+    if let Some(l) = d
+        .log
+        .lines()
+        .find(|l| l.contains(&failed_line) && !l.contains("done in"))
+    {
+        println!("    {}", l.trim());
+    }
+    c.check_running()?;
+    c.verify_data()?;
+    if let Failure::Timeout = f {
+        // The delayed call would have completed by now: nothing may have locked late.
+        let until = started + Duration::from_millis(LOCK_DELAY_MS + 500);
+        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        c.check_running()?;
+        c.verify_data()?;
+    }
+    c.teardown()
+}
+
+fn leave_running(c: &mut Case) -> R {
+    spawn_tree3(c)?;
+    let d = c.dump("img", true)?;
+    c.expect_ok("dump --leave-running", &d)?;
+    c.check_running()?;
+    c.verify_data()?;
+    let d2 = c.dump("img2", false)?;
+    c.expect_ok("second dump", &d2)?;
+    c.wait_tree_gone()?;
+    let r = c.restore("img2")?;
+    c.expect_ok("restore of the second dump", &r)?;
+    c.check_running()?;
+    c.verify_data()?;
+    c.teardown()
+}
+
+fn exec_counts(c: &mut Case, n: usize) -> R {
+    let children = (n - 1).to_string();
+    let args: Vec<&str> = if n == 1 {
+        vec!["--kib", "16"]
+    } else {
+        vec![
+            "--kib",
+            "16",
+            "--children",
+            &children,
+            "--child-args",
+            "--kib 16",
+        ]
+    };
+    c.spawn_tree(&args, n)?;
+    ensure!(c.cuda.len() == n, "expected {n} CUDA tasks: {:?}", c.cuda);
+    let trace = c.world.join("trace.log");
+    let runs0 = cli_runs(&read(&trace));
+    let d = c.dump("img", false)?;
+    c.expect_ok("dump", &d)?;
+    let runs1 = cli_runs(&read(&trace));
+    c.wait_tree_gone()?;
+    let r = c.restore("img")?;
+    c.expect_ok("restore", &r)?;
+    let runs2 = cli_runs(&read(&trace));
+    c.check_running()?;
+    c.verify_data()?;
+    let (dump_runs, restore_runs) = (runs1 - runs0, runs2 - runs1);
+
+    let times = |log: &str, hook: &str| -> Vec<f64> {
+        hook_times(log)
+            .into_iter()
+            .filter(|(h, _, _)| h == hook)
+            .map(|(_, _, ms)| ms)
+            .collect()
+    };
+    let pause = times(&d.log, "PAUSE_DEVICES");
+    let ckpt = times(&d.log, "CHECKPOINT_DEVICES");
+    let resume = times(&r.log, "RESUME_DEVICES_LATE");
+    let who = format!("CRIU {} {} N={n}", c.criu.version, c.backend);
+    note(format!(
+        "{who}: cuda-checkpoint runs: dump {dump_runs} (limit {}), restore {restore_runs} (limit {}); criu dump {:.0} ms, restore {:.0} ms",
+        4 * n + 1,
+        2 * n + 1,
+        d.ms,
+        r.ms
+    ));
+    note(format!("{who}: PAUSE_DEVICES      {}", stats(&pause)));
+    note(format!("{who}: CHECKPOINT_DEVICES {}", stats(&ckpt)));
+    note(format!("{who}: RESUME_DEVICES_LATE {}", stats(&resume)));
+    for (what, xs) in [
+        ("PAUSE", &pause),
+        ("CHECKPOINT", &ckpt),
+        ("RESUME", &resume),
+    ] {
+        ensure!(
+            xs.len() == n,
+            "{what}: {} hook time lines for {n} CUDA tasks",
+            xs.len()
+        );
+    }
+    if c.backend == "driver-api" {
+        ensure!(
+            dump_runs == 0 && restore_runs == 0,
+            "the driver-api backend ran cuda-checkpoint ({dump_runs} + {restore_runs} times)"
+        );
+    } else {
+        ensure!(
+            dump_runs <= 4 * n + 1,
+            "{dump_runs} cuda-checkpoint runs in a dump of {n} CUDA tasks (limit {})",
+            4 * n + 1
+        );
+        ensure!(
+            restore_runs <= 2 * n + 1,
+            "{restore_runs} cuda-checkpoint runs in a restore of {n} CUDA tasks (limit {})",
+            2 * n + 1
+        );
+    }
+    c.teardown()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The trials
+
+fn run_case(
+    criu: Criu,
+    backend: &'static str,
+    case: String,
+    faults: String,
+    options: &'static str,
+    body: impl FnOnce(&mut Case) -> R,
+) -> Result<(), Failed> {
+    let (result, dumps, restores) = match Case::new(&criu, backend, &faults, options) {
+        Ok(mut c) => {
+            let r = body(&mut c).and_then(|()| c.teardown());
+            c.keep =
+                r.is_err() || std::env::var("CRIU_CUDA_REAL_CRIU_KEEP").is_ok_and(|v| v == "1");
+            (r, c.dumps.clone(), c.restores.clone())
+        }
+        Err(e) => (Err(e), Vec::new(), Vec::new()),
+    };
+    ROWS.lock().unwrap_or_else(|e| e.into_inner()).push(Row {
+        version: criu.version.clone(),
+        backend,
+        case,
+        result: if result.is_ok() { "ok" } else { "FAILED" }.to_owned(),
+        dumps,
+        restores,
+    });
+    result.map_err(Failed::from)
+}
+
+fn trials(criu_list: &[Criu]) -> Vec<Trial> {
+    let n32 = std::env::var("CRIU_CUDA_REAL_CRIU_N32").map_or(true, |v| v != "0");
+    let mut out = Vec::new();
+    for criu in criu_list {
+        for backend in BACKENDS {
+            let name = |case: &str| format!("criu-{}/{backend}/{case}", criu.series);
+            let cr = criu.clone();
+            out.push(Trial::test(name("dump-restore"), move || {
+                run_case(
+                    cr,
+                    backend,
+                    "dump-restore".into(),
+                    String::new(),
+                    "",
+                    dump_restore,
+                )
+            }));
+            for f in [
+                Failure::Lock,
+                Failure::Checkpoint,
+                Failure::Timeout,
+                Failure::CheckpointHang,
+            ] {
+                let cr = criu.clone();
+                let (faults, opts) = f.setup(backend);
+                out.push(Trial::test(name(f.name()), move || {
+                    run_case(cr, backend, f.name().into(), faults, opts, |c| {
+                        dump_fails(c, f)
+                    })
+                }));
+            }
+            let cr = criu.clone();
+            out.push(Trial::test(name("leave-running"), move || {
+                run_case(
+                    cr,
+                    backend,
+                    "leave-running".into(),
+                    String::new(),
+                    "",
+                    leave_running,
+                )
+            }));
+            for n in [1usize, 8, 32] {
+                let cr = criu.clone();
+                let case = format!("exec-counts-n{n}");
+                let t = Trial::test(name(&case), move || {
+                    run_case(cr, backend, case, String::new(), "", |c| exec_counts(c, n))
+                });
+                out.push(t.with_ignored_flag(n == 32 && !n32));
+            }
+        }
+    }
+    out
+}
+
+fn print_summary() {
+    let rows = ROWS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if rows.is_empty() {
+        return;
+    }
+    let ms = |v: &[f64]| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            v.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join("+")
+        }
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nreal CRIU summary\n{:<8} {:<16} {:<18} {:<7} {:>11} {:>11}",
+        "version", "backend", "case", "result", "dump ms", "restore ms"
+    );
+    for r in &rows {
+        let _ = writeln!(
+            s,
+            "{:<8} {:<16} {:<18} {:<7} {:>11} {:>11}",
+            r.version,
+            r.backend,
+            r.case,
+            r.result,
+            ms(&r.dumps),
+            ms(&r.restores)
+        );
+    }
+    let notes = NOTES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if !notes.is_empty() {
+        let _ = writeln!(s, "\nexecution counts and per-task hook times");
+        for n in notes {
+            let _ = writeln!(s, "  {n}");
+        }
+    }
+    print!("{s}");
+}
+
+fn skipped(reason: String) -> Vec<Trial> {
+    eprintln!("real_criu: skipping: {reason}");
+    vec![Trial::ignorable_test("real-criu", move || {
+        Ok(Completion::ignored_with(reason))
+    })]
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // One at a time: a restore needs its old pids free, and the cases measure times.
+    args.test_threads = Some(1);
+    let require = std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1");
+    let criu = find_criu();
+    let trials = if !is_root() {
+        skipped("not root (CRIU needs root to dump and restore)".into())
+    } else if criu.is_empty() {
+        let reason =
+            "no CRIU 4.1.x/4.2.x found (set CRIU_CUDA_CRIU_4_1/_4_2 or run scripts/fetch-criu.sh)";
+        if require {
+            vec![Trial::test("real-criu", move || {
+                Err(format!("{reason}, and CRIU_CUDA_REQUIRE_CRIU=1").into())
+            })]
+        } else {
+            skipped(reason.into())
+        }
+    } else {
+        if !become_subreaper() {
+            eprintln!("real_criu: warning: cannot become a child subreaper; pids may free slowly");
+        }
+        if !args.list {
+            for c in &criu {
+                eprintln!("real_criu: CRIU {} at {}", c.version, c.path.display());
+            }
+        }
+        trials(&criu)
+    };
+    let conclusion = libtest_mimic::run(&args, trials);
+    print_summary();
+    conclusion.exit();
+}
