@@ -196,6 +196,12 @@ impl Runtime {
         Ok(Entered(self))
     }
 
+    /// The world as it is now (re-read when its config changed, e.g. restored on "another
+    /// host"), or the one the process registered in.
+    fn world(&self) -> Arc<World> {
+        World::from_env().unwrap_or_else(|_| Arc::clone(&self.world))
+    }
+
     /// The restore thread's TID.
     #[must_use]
     pub fn restore_tid(&self) -> i32 {
@@ -223,7 +229,7 @@ impl Runtime {
     fn set_state(&self, g: &mut Gate, state: CUprocessState) -> CUresult {
         g.state = state;
         let pid = self.pid;
-        let r = self.world.update(|st| {
+        let r = self.world().update(|st| {
             if let Some(e) = st.processes.get_mut(&pid) {
                 e.state = state.0;
             }
@@ -300,7 +306,7 @@ impl Runtime {
 
     /// Moves every allocation from the world into this process's memory.
     fn checkpoint_memory(&self) -> Result<(), CUresult> {
-        let world = &self.world;
+        let world = &*self.world();
         let pid = self.pid;
         let allocations = world
             .read_state()
@@ -362,7 +368,7 @@ impl Runtime {
 
     /// Writes the saved allocations back onto the (possibly remapped) GPUs.
     fn restore_memory(&self, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CUresult> {
-        let world = &self.world;
+        let world = &*self.world();
         let pid = self.pid;
         let state = world
             .read_state()

@@ -65,8 +65,10 @@ pub fn alive(pid: i32) -> bool {
 /// times are not preserved by a restore), and never true for a process that reused the pid.
 #[must_use]
 pub fn has_restore_thread(pid: i32, tid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .is_ok_and(|c| c.starts_with("cuda") && !c.starts_with("cuda-"))
+    alive(pid)
+        && alive(tid)
+        && std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+            .is_ok_and(|c| c.starts_with("cuda") && !c.starts_with("cuda-"))
 }
 
 /// Kills `pid` with SIGKILL and waits (bounded) until it is gone or a zombie.

@@ -72,20 +72,25 @@ impl World {
         })
     }
 
-    /// The world named by [`WORLD_ENV`], opened once per process and directory.
+    /// The world named by [`WORLD_ENV`]. Opened once per process and directory, and opened
+    /// again when its `world.toml` changes (`mock-world configure`): a process restored onto
+    /// "another host" must see that host's GPUs.
     pub fn from_env() -> Result<Arc<World>, WorldError> {
-        static CACHE: Mutex<Option<Arc<World>>> = Mutex::new(None);
+        static CACHE: Mutex<Option<(Arc<World>, Option<std::time::SystemTime>)>> = Mutex::new(None);
         let dir = std::env::var_os(WORLD_ENV)
             .filter(|d| !d.is_empty())
             .ok_or(WorldError::NoWorld)?;
+        let stamp = std::fs::metadata(Path::new(&dir).join("world.toml"))
+            .and_then(|m| m.modified())
+            .ok();
         let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(w) = cache.as_ref() {
-            if w.dir.as_os_str() == dir {
+        if let Some((w, seen)) = cache.as_ref() {
+            if w.dir.as_os_str() == dir && *seen == stamp {
                 return Ok(Arc::clone(w));
             }
         }
         let w = Arc::new(World::open(Path::new(&dir))?);
-        *cache = Some(Arc::clone(&w));
+        *cache = Some((Arc::clone(&w), stamp));
         Ok(w)
     }
 
@@ -125,8 +130,7 @@ impl World {
 
     /// Replaces the config of an existing world, keeping its state and trace (e.g. to add a
     /// fault that names a process started in it). The library is regenerated when the set of
-    /// hidden symbols changes. Processes that already opened the world keep the config they
-    /// read; new processes see the new one.
+    /// hidden symbols changes. Every process sees the new config at its next call.
     pub fn reconfigure(
         dir: &Path,
         config: &WorldConfig,
