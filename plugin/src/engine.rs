@@ -87,6 +87,11 @@ pub enum EngineError {
         pid: Pid,
         cause: HostError,
     },
+    #[error("CHECKPOINT_DEVICES pid {pid}: {cause}")]
+    GpuInventory {
+        pid: Pid,
+        cause: crate::inventory::InventoryError,
+    },
     #[error("RESUME_DEVICES_LATE pid {pid}: task image: {cause}")]
     ImageFormat { pid: Pid, cause: ImageError },
     #[error("dump finish: {} task(s) could not be put back in their initial CUDA state: pids {pids:?}", pids.len())]
@@ -317,6 +322,7 @@ impl Engine {
             .write_task_image(pid, &image.encode())
             .map_err(|cause| EngineError::ImageIo { step, pid, cause })?;
         if !self.inventory_added {
+            self.write_gpu_inventory(pid)?;
             self.host
                 .add_inventory_entry()
                 .map_err(|cause| EngineError::Inventory { pid, cause })?;
@@ -324,6 +330,29 @@ impl Engine {
         }
         self.log(Level::Info, &format!("pid {pid}: checkpointed"));
         Ok(Outcome::Handled)
+    }
+
+    /// Writes the GPU inventory image, once per dump (with the first checkpointed task). When
+    /// the GPUs cannot be enumerated the dump goes on without it, with a warning: such an image
+    /// restores like one from before the inventory existed (only a complete UUID map can
+    /// retarget it).
+    fn write_gpu_inventory(&mut self, pid: Pid) -> Result<(), EngineError> {
+        let step = Step::Checkpoint;
+        match self.host.current_gpus() {
+            Ok(gpus) => {
+                let bytes = crate::inventory::encode(&gpus).map_err(|cause| EngineError::GpuInventory { pid, cause })?;
+                self.host
+                    .write_gpu_inventory(&bytes)
+                    .map_err(|cause| EngineError::ImageIo { step, pid, cause })?;
+                let list: Vec<String> = gpus.iter().map(|g| format!("{}:{} ({})", g.ordinal, g.uuid, g.name)).collect();
+                self.log(Level::Info, &format!("GPU inventory: {} GPU(s): {}", gpus.len(), list.join(", ")));
+            }
+            Err(why) => self.log(
+                Level::Warn,
+                &format!("no GPU inventory written ({why}); a restore onto other GPUs will need a complete UUID device map"),
+            ),
+        }
+        Ok(())
     }
 
     /// DUMP_FINISH(ret), or `exit(DUMP, ret)` on hosts without that hook. Runs once; later calls

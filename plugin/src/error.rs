@@ -1,8 +1,9 @@
 //! The plugin's top-level error, and its one translation into a C return value.
 
 use crate::backend::BackendError;
-use crate::device_map::DeviceMapError;
 use crate::engine::EngineError;
+use crate::gpu_map::MapError;
+use crate::inventory::InventoryError;
 use crate::options::OptionError;
 use crate::select::SelectError;
 use crate::thread::ThreadError;
@@ -13,7 +14,13 @@ pub enum PluginError {
     #[error(transparent)]
     Option(#[from] OptionError),
     #[error(transparent)]
-    DeviceMap(#[from] DeviceMapError),
+    DeviceMap(#[from] MapError),
+    #[error(transparent)]
+    GpuInventory(#[from] InventoryError),
+    #[error("cuda_plugin.device-map is a restore option; it was given to a {0}")]
+    MapOnDump(&'static str),
+    #[error("cannot enumerate the GPUs of this host to map the checkpointed ones: {0}")]
+    Gpus(String),
     #[error(transparent)]
     Select(#[from] SelectError),
     #[error(transparent)]
@@ -51,7 +58,11 @@ impl PluginError {
     #[must_use]
     pub fn to_errno(&self) -> i32 {
         let e = match self {
-            PluginError::Option(_) | PluginError::DeviceMap(_) => libc::EINVAL,
+            PluginError::Option(_)
+            | PluginError::DeviceMap(_)
+            | PluginError::GpuInventory(_)
+            | PluginError::MapOnDump(_) => libc::EINVAL,
+            PluginError::Gpus(_) => libc::ENODEV,
             PluginError::Select(_) | PluginError::RestoreImpossible(_) => libc::ENODEV,
             PluginError::Inventory(_) => libc::EIO,
             PluginError::Engine(e) => match e {
@@ -59,6 +70,7 @@ impl PluginError {
                 EngineError::Thread { cause, .. } => thread_errno(cause),
                 EngineError::BadState { .. } => libc::EIO,
                 EngineError::Inventory { .. }
+                | EngineError::GpuInventory { .. }
                 | EngineError::ImageIo { .. }
                 | EngineError::ImageFormat { .. }
                 | EngineError::RollbackIncomplete { .. } => libc::EIO,

@@ -3,6 +3,7 @@
 //! services found with `dlsym`; tests use a recording fake.
 
 use crate::backend::Pid;
+use crate::inventory::GpuInfo;
 use std::fmt;
 
 /// A log level (CRIU's `print_on_level` levels).
@@ -66,4 +67,8 @@ pub trait Host: Send {
     fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError>;
     /// Reads the per-task image of `pid`; `None` when there is none.
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError>;
+    /// Writes the GPU inventory image (whole file, once per dump).
+    fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError>;
+    /// The GPUs of CRIU's view (see [`crate::inventory`] for the enumeration rule).
+    fn current_gpus(&mut self) -> Result<Vec<GpuInfo>, String>;
 }

@@ -39,7 +39,6 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
-pub mod device_map;
 pub mod engine;
 pub mod env;
 pub mod error;

@@ -80,7 +80,7 @@ pub enum TimeoutOption {
 pub struct Options {
     /// `backend=` (default auto).
     pub backend: BackendChoice,
-    /// `device-map=` as given; its grammar belongs to [`crate::device_map`]. `None` when absent;
+    /// `device-map=` as given; its grammar belongs to [`crate::gpu_map`]. `None` when absent;
     /// an empty value is kept as `Some("")` and means "no map".
     pub device_map: Option<String>,
     /// `timeout=`.
@@ -149,7 +149,8 @@ pub enum OptionError {
 
 const TIMEOUT_ALLOWED: &str = "whole seconds from 0 to 4294967295, 0 = no timeout";
 const PATH_ALLOWED: &str = "a non-empty file path";
-const DEVICE_MAP_ALLOWED: &str = "see the device-map option's documentation";
+const DEVICE_MAP_ALLOWED: &str =
+    "auto, GPU-old=GPU-new,... (UUIDs or unique prefixes) or old=new,... (ordinals)";
 
 /// Where the option strings came from, for the init log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

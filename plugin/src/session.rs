@@ -23,6 +23,8 @@ use crate::backend::{Backend, GpuPair};
 use crate::engine::EngineConfig;
 use crate::env::Environment;
 use crate::error::PluginError;
+use crate::gpu_map::{self, MapSpec};
+use crate::inventory::GpuInfo;
 use crate::options::{self, OptionSource, Options};
 use crate::select::{select, SelectError, Selected, Selection};
 use abi::criu::Stage;
@@ -77,6 +79,10 @@ pub trait InitServices {
     fn inventory_query(&mut self) -> InventoryAnswer;
     /// Removes the (exactly matching) entry; `Err` with a reason when it cannot.
     fn inventory_consume(&mut self) -> Result<(), String>;
+    /// The GPU inventory image of the dump (`None`: the image has none).
+    fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String>;
+    /// The GPUs of this host, in CRIU's view.
+    fn current_gpus(&mut self) -> Result<Vec<GpuInfo>, String>;
 }
 
 /// An enabled plugin's settings.
@@ -110,16 +116,19 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
         ctx.host_options.as_deref(),
         ctx.env.plugin_options.as_deref(),
     )?;
-    let pairs: Vec<GpuPair> = match options.device_map.as_deref() {
-        Some(m) => crate::device_map::resolve(m)?,
-        None => Vec::new(),
-    };
+    let map_spec = options
+        .device_map
+        .as_deref()
+        .map(MapSpec::parse)
+        .transpose()?;
     let timeout = options.effective_timeout(ctx.criu_timeout);
     let mut notes = vec![format!(
-        "options from {source}: backend={}, timeout={}, device map: {} pair(s)",
+        "options from {source}: backend={}, timeout={}, device map: {}",
         options.backend,
         timeout.map_or_else(|| "none".to_owned(), |t| format!("{}s", t.as_secs())),
-        pairs.len()
+        map_spec
+            .as_ref()
+            .map_or_else(|| "not given".to_owned(), ToString::to_string),
     )];
     if source == OptionSource::None && ctx.host_options.is_none() {
         notes.push(
@@ -145,6 +154,9 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
             )
         }
         Stage::DUMP => {
+            if map_spec.is_some() {
+                return Err(PluginError::MapOnDump("dump"));
+            }
             if !gpu_ok {
                 return disabled(no_gpu);
             }
@@ -171,7 +183,12 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
         }
         Stage(other) => return disabled(format!("unknown stage {other}")),
     };
-    let need_map = ctx.stage == Stage::RESTORE && !pairs.is_empty();
+    let pairs: Vec<GpuPair> = if ctx.stage == Stage::RESTORE {
+        resolve_map(map_spec.as_ref(), svc, &mut notes)?
+    } else {
+        Vec::new()
+    };
+    let need_map = !pairs.is_empty();
     let path = ctx.env.path.clone();
     let program = options.cuda_checkpoint.clone();
     let selection = {
@@ -219,6 +236,38 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     }))
 }
 
+/// Reads the dump's GPU inventory and resolves the device map against this host's GPUs, before
+/// any task is touched. Returns the restore pairs: empty when every GPU maps to itself (so no
+/// pairs reach drivers that predate them).
+fn resolve_map(
+    spec: Option<&MapSpec>,
+    svc: &mut dyn InitServices,
+    notes: &mut Vec<String>,
+) -> Result<Vec<GpuPair>, PluginError> {
+    let inventory = match svc.read_gpu_inventory().map_err(PluginError::Gpus)? {
+        Some(bytes) => Some(crate::inventory::read(&mut &bytes[..])?),
+        None => {
+            notes.push("the image has no GPU inventory (dumped by an older plugin or without GPU enumeration)".into());
+            None
+        }
+    };
+    if spec.is_none() && inventory.is_none() {
+        return Ok(Vec::new());
+    }
+    let current = svc.current_gpus().map_err(PluginError::Gpus)?;
+    let resolved = gpu_map::resolve(spec, inventory.as_deref(), &current)?;
+    if resolved.is_identity() {
+        notes.push(format!(
+            "device map: every checkpointed GPU is present ({} GPU(s)); no remapping",
+            resolved.pairs.len()
+        ));
+        Ok(Vec::new())
+    } else {
+        notes.push(format!("device map: {}", resolved.cli_value()));
+        Ok(resolved.pairs)
+    }
+}
+
 /// Builds the selected backend. `on_abandon` is the driver backend's abandonment hook.
 #[must_use]
 pub fn build_backend(
@@ -257,6 +306,10 @@ mod tests {
         queries: usize,
         consumed: usize,
         init_requested: Option<bool>,
+        gpu_image: Option<Vec<u8>>,
+        gpus: Vec<GpuInfo>,
+        enumerations: usize,
+        cli_without_map: bool,
     }
 
     impl InitServices for Svc {
@@ -284,7 +337,7 @@ mod tests {
             if self.cli_ok {
                 CliProbe::Supported {
                     program: "/bin/cuda-checkpoint".into(),
-                    device_map: true,
+                    device_map: !self.cli_without_map,
                 }
             } else {
                 CliProbe::Unsupported("cuda-checkpoint not found in PATH".into())
@@ -297,6 +350,13 @@ mod tests {
         fn inventory_consume(&mut self) -> Result<(), String> {
             self.consumed += 1;
             Ok(())
+        }
+        fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String> {
+            Ok(self.gpu_image.clone())
+        }
+        fn current_gpus(&mut self) -> Result<Vec<GpuInfo>, String> {
+            self.enumerations += 1;
+            Ok(self.gpus.clone())
         }
     }
 
@@ -463,5 +523,151 @@ mod tests {
             start(&c, &mut svc).unwrap_err(),
             PluginError::DeviceMap(_)
         ));
+    }
+
+    fn gpus(first: u8) -> Vec<GpuInfo> {
+        (0..2)
+            .map(|i| GpuInfo {
+                ordinal: i,
+                uuid: abi::GpuUuid([first + i as u8; 16]),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_bytes: 80 << 30,
+            })
+            .collect()
+    }
+
+    fn listed(svc: Svc) -> Svc {
+        Svc {
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            ..svc
+        }
+    }
+
+    fn with_option(stage: Stage, option: &str) -> InitContext {
+        let mut c = ctx(stage);
+        c.env.plugin_options = Some(option.to_owned());
+        c
+    }
+
+    #[test]
+    fn a_device_map_on_dump_is_refused() {
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            ..Default::default()
+        };
+        let e = start(
+            &with_option(Stage::DUMP, "cuda_plugin.device-map=0=1,1=0"),
+            &mut svc,
+        )
+        .unwrap_err();
+        assert_eq!(e.to_errno(), -libc::EINVAL);
+        assert!(e.to_string().contains("restore option"), "{e}");
+    }
+
+    #[test]
+    fn the_same_gpus_need_no_pairs_and_old_images_no_enumeration() {
+        let inv = gpus(1);
+        let mut svc = listed(Svc {
+            driver_version: Some(13000),
+            gpu_image: Some(crate::inventory::encode(&inv).unwrap()),
+            gpus: vec![inv[1].clone(), inv[0].clone()]
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut g)| {
+                    g.ordinal = i as u32;
+                    g
+                })
+                .collect(),
+            ..Default::default()
+        });
+        let Start::Enabled(plan) = start(&ctx(Stage::RESTORE), &mut svc).unwrap() else {
+            panic!("enabled")
+        };
+        assert!(
+            plan.cfg.pairs.is_empty(),
+            "GPUs found by UUID in another order: identity, no pairs"
+        );
+        assert!(
+            plan.notes.iter().any(|n| n.contains("no remapping")),
+            "{:?}",
+            plan.notes
+        );
+        // An image without inventory and no option: nothing is enumerated.
+        let mut svc = listed(Svc {
+            driver_version: Some(13000),
+            ..Default::default()
+        });
+        let Start::Enabled(plan) = start(&ctx(Stage::RESTORE), &mut svc).unwrap() else {
+            panic!("enabled")
+        };
+        assert!(plan.cfg.pairs.is_empty());
+        assert_eq!(svc.enumerations, 0);
+    }
+
+    #[test]
+    fn another_host_gets_pairs_and_a_cli_without_device_map_is_refused_before_restore() {
+        let inv = gpus(1);
+        let image = crate::inventory::encode(&inv).unwrap();
+        let mut svc = listed(Svc {
+            driver_version: Some(13000),
+            gpu_image: Some(image.clone()),
+            gpus: gpus(9),
+            ..Default::default()
+        });
+        let Start::Enabled(plan) = start(
+            &with_option(Stage::RESTORE, "cuda_plugin.device-map=0=1,1=0"),
+            &mut svc,
+        )
+        .unwrap() else {
+            panic!("enabled")
+        };
+        let cur = gpus(9);
+        assert_eq!(
+            plan.cfg.pairs,
+            vec![(inv[0].uuid, cur[1].uuid), (inv[1].uuid, cur[0].uuid)]
+        );
+        let mut svc = listed(Svc {
+            cli_ok: true,
+            cli_without_map: true,
+            gpu_image: Some(image),
+            gpus: gpus(9),
+            ..Default::default()
+        });
+        let e = start(&ctx(Stage::RESTORE), &mut svc).unwrap_err();
+        assert!(e.to_string().contains("--device-map"), "{e}");
+        assert_eq!(svc.consumed, 0, "nothing claimed, nothing touched");
+    }
+
+    #[test]
+    fn a_bad_inventory_or_map_fails_init_with_the_reason() {
+        let mut svc = listed(Svc {
+            driver_version: Some(13000),
+            gpu_image: Some(b"CUDAINV\n\x02\0\0\0".to_vec()),
+            gpus: gpus(1),
+            ..Default::default()
+        });
+        let e = start(&ctx(Stage::RESTORE), &mut svc).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        let mut svc = listed(Svc {
+            driver_version: Some(13000),
+            gpu_image: Some(crate::inventory::encode(&gpus(1)).unwrap()),
+            gpus: gpus(1)[..1].to_vec(),
+            ..Default::default()
+        });
+        let e = start(&ctx(Stage::RESTORE), &mut svc).unwrap_err();
+        assert!(
+            e.to_string().contains("no counterpart"),
+            "fewer GPUs here: {e}"
+        );
+        let mut svc = listed(Svc {
+            driver_version: Some(13000),
+            ..Default::default()
+        });
+        let e = start(
+            &with_option(Stage::RESTORE, "cuda_plugin.device-map=0=1"),
+            &mut svc,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no GPU inventory"), "{e}");
     }
 }

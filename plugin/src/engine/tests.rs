@@ -43,6 +43,7 @@ struct World {
     fault_at: Option<(usize, FaultKind)>,
     inventory_adds: usize,
     images: HashMap<Pid, Vec<u8>>,
+    gpu_inventory: Option<Vec<u8>>,
     /// The call abandoned by a [`FaultKind::Abandoned`] or [`FaultKind::Hung`] fault, until
     /// `settle`; true when it never returns.
     abandoned: Option<(Op, Pid, bool)>,
@@ -302,6 +303,26 @@ impl Host for FakeHost {
         let w = self.0.lock().unwrap();
         Ok(w.images.get(&pid).cloned())
     }
+    fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
+        let mut w = self.0.lock().unwrap();
+        if w.call("GpuInventory".into()).is_some() {
+            return Err(HostError::Failed { service: "openat" });
+        }
+        assert!(
+            w.gpu_inventory.is_none(),
+            "the GPU inventory is written once per dump"
+        );
+        w.gpu_inventory = Some(data.to_vec());
+        Ok(())
+    }
+    fn current_gpus(&mut self) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+        Ok(vec![crate::inventory::GpuInfo {
+            ordinal: 0,
+            uuid: abi::GpuUuid([7; 16]),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_bytes: 80 << 30,
+        }])
+    }
 }
 
 /// Tree of the issue: two CUDA processes and one without CUDA (pids 100, 101, 102).
@@ -414,6 +435,11 @@ fn successful_dump_checkpoints_cuda_tasks_only() {
         "inventory entry added exactly once per dump"
     );
     assert_eq!(world.images.len(), 2);
+    let inventory = crate::inventory::read(
+        &mut &world.gpu_inventory.as_ref().expect("GPU inventory written")[..],
+    )
+    .unwrap();
+    assert_eq!(inventory.len(), 1, "the GPUs of CRIU's view, once per dump");
     assert!(
         !world.tasks.values().any(|t| t.thread_running),
         "every restore thread stopped again"

@@ -389,6 +389,14 @@ impl Host for CriuHost {
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
         read_image(&crate::image::file_name(pid))
     }
+
+    fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
+        write_image(crate::inventory::FILE_NAME, data)
+    }
+
+    fn current_gpus(&mut self) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+        crate::ffi::cuda::enumerate_gpus()
+    }
 }
 
 #[cfg(test)]

@@ -7,9 +7,10 @@
 
 use crate::backend::driver::{CudaDriver, LoadError};
 use crate::backend::Pid;
+use crate::inventory::GpuInfo;
 use abi::{
     CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
-    CUcheckpointUnlockArgs, CUprocessState, CUresult,
+    CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid, GpuUuid,
 };
 use std::ffi::{c_int, c_uint};
 use std::sync::{Arc, OnceLock};
@@ -67,6 +68,98 @@ macro_rules! entry {
     }};
 }
 
+/// Variables that would reorder or hide GPUs in CRIU's view; removed before the first `cuInit`.
+pub const VIEW_VARIABLES: [&str; 2] = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"];
+
+/// `cuInit(0)`, once per process, after removing [`VIEW_VARIABLES`] from CRIU's environment so
+/// the plugin sees every GPU in the driver's default order whatever the operator exported
+/// (the GPU inventory and device maps depend on it). Removed values are logged.
+fn init_once(init: InitFn) -> CUresult {
+    static RESULT: OnceLock<CUresult> = OnceLock::new();
+    *RESULT.get_or_init(|| {
+        for v in VIEW_VARIABLES {
+            if let Some(old) = std::env::var_os(v) {
+                crate::ffi::criu::log(
+                    abi::criu::log_level::WARN,
+                    &format!(
+                        "{v}={} is ignored: the plugin enumerates every GPU in the driver's order",
+                        old.to_string_lossy()
+                    ),
+                );
+                std::env::remove_var(v);
+            }
+        }
+        // SAFETY: `cuInit(0)`; the flags must be zero.
+        unsafe { init(0) }
+    })
+}
+
+type DeviceGetCountFn = unsafe extern "C" fn(*mut c_int) -> CUresult;
+type DeviceGetFn = unsafe extern "C" fn(*mut c_int, c_int) -> CUresult;
+type DeviceGetUuidFn = unsafe extern "C" fn(*mut CUuuid, c_int) -> CUresult;
+type DeviceGetNameFn = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> CUresult;
+type DeviceTotalMemFn = unsafe extern "C" fn(*mut usize, c_int) -> CUresult;
+
+fn cu(what: &str, r: CUresult) -> Result<(), String> {
+    if r.is_success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed with {r}"))
+    }
+}
+
+/// Every GPU of CRIU's view: ordinal, UUID, name and memory, through the driver library
+/// (needed by both backends: `cuda-checkpoint` itself runs on it).
+pub fn enumerate_gpus() -> Result<Vec<GpuInfo>, String> {
+    let lib = library().map_err(|e| e.to_string())?;
+    let sym = |e: LoadError| e.to_string();
+    let init = (|| Ok::<_, LoadError>(entry!(lib, "cuInit", InitFn)))().map_err(sym)?;
+    let count_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetCount", DeviceGetCountFn)))()
+        .map_err(sym)?;
+    let get = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGet", DeviceGetFn)))().map_err(sym)?;
+    let uuid_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetUuid_v2", DeviceGetUuidFn)))()
+        .or_else(|_| (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetUuid", DeviceGetUuidFn)))())
+        .map_err(sym)?;
+    let name_fn =
+        (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetName", DeviceGetNameFn)))().map_err(sym)?;
+    let mem_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceTotalMem_v2", DeviceTotalMemFn)))()
+        .or_else(|_| (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceTotalMem", DeviceTotalMemFn)))())
+        .map_err(sym)?;
+    cu("cuInit", init_once(init))?;
+    let mut count: c_int = 0;
+    // SAFETY: writes one int through a valid pointer.
+    cu("cuDeviceGetCount", unsafe { count_fn(&mut count) })?;
+    let mut gpus = Vec::new();
+    for ordinal in 0..count.max(0) {
+        let mut dev: c_int = 0;
+        // SAFETY: writes one CUdevice (int) through a valid pointer.
+        cu("cuDeviceGet", unsafe { get(&mut dev, ordinal) })?;
+        let mut uuid = CUuuid::default();
+        // SAFETY: writes one 16-byte CUuuid through a valid pointer.
+        cu("cuDeviceGetUuid", unsafe { uuid_fn(&mut uuid, dev) })?;
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: the driver writes at most `len` bytes, NUL included, into the buffer.
+        cu("cuDeviceGetName", unsafe {
+            name_fn(name.as_mut_ptr(), name.len() as c_int, dev)
+        })?;
+        let mut mem: usize = 0;
+        // SAFETY: writes one size_t through a valid pointer.
+        cu("cuDeviceTotalMem", unsafe { mem_fn(&mut mem, dev) })?;
+        // SAFETY: the buffer is NUL-terminated: the driver terminates it and its last byte
+        // was zero to begin with.
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        gpus.push(GpuInfo {
+            ordinal: ordinal as u32,
+            uuid: GpuUuid::from_cu(uuid),
+            name,
+            memory_bytes: mem as u64,
+        });
+    }
+    Ok(gpus)
+}
+
 /// Opens the driver and resolves `cuInit`, `cuDriverGetVersion` and the six
 /// `cuCheckpointProcess*` entry points.
 pub fn load() -> Result<Arc<dyn CudaDriver>, LoadError> {
@@ -101,8 +194,7 @@ impl CudaDriver for LoadedDriver {
     }
 
     fn init(&self) -> CUresult {
-        // SAFETY: `cuInit(0)`; the flags must be zero.
-        unsafe { (self.init)(0) }
+        init_once(self.init)
     }
 
     fn restore_tid(&self, pid: Pid) -> Result<i32, CUresult> {

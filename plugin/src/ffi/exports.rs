@@ -162,6 +162,12 @@ impl InitServices for RealServices {
     fn inventory_consume(&mut self) -> Result<(), String> {
         criu::inventory_consume()
     }
+    fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String> {
+        criu::read_image(crate::inventory::FILE_NAME).map_err(|e| e.to_string())
+    }
+    fn current_gpus(&mut self) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+        cuda::enumerate_gpus()
+    }
 }
 
 fn init(stage: Stage) -> c_int {
