@@ -12,7 +12,9 @@
 //! broadcast instead (every handler runs, `-ENOTSUP` is skipped, the first real error wins).
 //!
 //! The harness does not copy memory: a "restore" re-seizes the dumped tasks themselves (kept
-//! group-stopped by a dump whose final state is dead or stopped) and resumes them.
+//! group-stopped by a dump whose final state is dead or stopped), takes them out of the
+//! group-stop so that every thread is in a plain ptrace-stop as after a real CRIU restore (a
+//! plugin can then run one thread), and resumes them.
 
 use std::ffi::c_int;
 use std::os::fd::OwnedFd;
@@ -767,10 +769,13 @@ pub fn restore(cfg: &Config) -> Result<(), EngineError> {
         .map(|t| (t.pid, t.parent, t.start_time, t.zombie))
         .collect();
     let mut frozen = Frozen::new();
-    let mut result = frozen.seize_known(&known).map_err(|e| {
-        pr_err!("{e}");
-        EngineError::from(e)
-    });
+    let mut result = frozen
+        .seize_known(&known)
+        .and_then(|()| frozen.leave_group_stop())
+        .map_err(|e| {
+            pr_err!("{e}");
+            EngineError::from(e)
+        });
     if result.is_ok() {
         trace_event!("seized tasks={}", frozen.tasks().len());
         let r = engine.dispatch_global(Hook::POST_FORKING, Arg::Void);

@@ -9,7 +9,7 @@
 //!   list, image directories and the image streamer, `--plugin-option`, option metadata.
 //! * [`log`], [`trace`]: CRIU-style logs and the normalised call trace.
 //! * [`cli`]: the command line shared by the engine executables.
-//! * [`scenario`]: the regression scenario file format.
+//! * [`scenario`]: the regression scenario file format; [`runner`]: its executor.
 //! * `ffi`: every `unsafe` block (dlopen and plugin calls, the exported host callbacks).
 //!
 //! The host symbols plugins look up are defined by a C shim linked into each
@@ -34,4 +34,5 @@ pub mod meta;
 pub mod options;
 pub mod profile;
 pub mod pstree;
+pub mod runner;
 pub mod scenario;

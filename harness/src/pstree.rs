@@ -36,6 +36,9 @@ pub struct Task {
     pub start_time: u64,
     /// Whether it was in group-stop (`T`) when seized.
     pub was_stopped: bool,
+    /// Whether [`Frozen::leave_group_stop`] ended that group-stop (a failed restore stops it
+    /// again on release).
+    pub continued: bool,
 }
 
 /// How to let a frozen tree go.
@@ -178,6 +181,65 @@ fn wait_stop(tid: i32) -> Result<bool, TreeError> {
     })
 }
 
+/// Waits for a thread that was just resumed by the tracer until it is in a ptrace event-stop,
+/// suppressing signal-delivery-stops of `suppress` and re-injecting any other signal. A thread
+/// that does not stop by itself within 200 ms (nothing was queued for it) is interrupted.
+fn settle(tid: i32, suppress: &[i32]) -> Result<(), TreeError> {
+    let p = Pid::from_raw(tid);
+    let mut nudge = Some(std::time::Instant::now() + std::time::Duration::from_millis(200));
+    for _ in 0..10_000 {
+        match waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {
+                if nudge.is_some_and(|t| std::time::Instant::now() > t) {
+                    nudge = None;
+                    ptrace::interrupt(p).map_err(|source| TreeError::Seize { pid: tid, source })?;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == libc::PTRACE_EVENT_STOP => return Ok(()),
+            Ok(WaitStatus::Stopped(_, sig)) => {
+                // A signal-delivery-stop: stop at the next trap, delivering anything but the
+                // signals this module caused.
+                let inject = (!suppress.contains(&(sig as i32))).then_some(sig);
+                ptrace::interrupt(p).map_err(|source| TreeError::Seize { pid: tid, source })?;
+                ptrace::cont(p, inject).map_err(|source| TreeError::Seize { pid: tid, source })?;
+            }
+            Ok(WaitStatus::PtraceEvent(..) | WaitStatus::PtraceSyscall(_)) => {
+                let _ = ptrace::cont(p, None);
+            }
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(Errno::ECHILD) => {
+                return Err(TreeError::Died(tid))
+            }
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(source) => return Err(TreeError::Wait { pid: tid, source }),
+        }
+    }
+    Err(TreeError::Unstable(tid))
+}
+
+const fn sig_bit(sig: i32) -> u64 {
+    1u64 << (sig - 1)
+}
+
+/// A hex signal mask line (`ShdPnd:`, `SigBlk:`) of a `/proc` status file.
+fn mask(status: &str, key: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// The process-wide pending signals of `pid`.
+fn shared_mask(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).map_or(0, |s| mask(&s, "ShdPnd:"))
+}
+
+fn blocks(pid: i32, tid: i32, sig: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .map_or(true, |s| mask(&s, "SigBlk:") & sig_bit(sig) != 0)
+}
+
 fn thread_exists(pid: i32, tid: i32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
 }
@@ -261,6 +323,7 @@ impl Frozen {
                     zombie: true,
                     start_time: start,
                     was_stopped: false,
+                    continued: false,
                 });
                 continue;
             }
@@ -292,6 +355,7 @@ impl Frozen {
             zombie: state == 'Z' || state == 'X',
             start_time,
             was_stopped: state == 'T',
+            continued: false,
         });
         if self.tasks[idx].zombie {
             return Ok(());
@@ -335,6 +399,71 @@ impl Frozen {
         Err(TreeError::Unstable(pid))
     }
 
+    /// Takes every seized task that is in group-stop out of it, leaving each of its threads in a
+    /// plain ptrace-stop, as the tasks of a real CRIU restore are before RESUME_DEVICES_LATE.
+    ///
+    /// A seized thread of a group-stopped task that a plugin `PTRACE_CONT`s goes straight back
+    /// into the group-stop, so a plugin could never run a thread of it. Here the task gets
+    /// `SIGCONT` while seized (which ends the group-stop and queues a notification trap on every
+    /// thread); each thread is resumed into that trap and waited for; then the signals this
+    /// caused (the queued `SIGCONT`, and the `SIGCHLD` a continued child sends its parent) are
+    /// dequeued by a thread that does not block them and suppressed, when they were not pending
+    /// before (the tasks of a real restore never see them). [`Frozen::release`] without `continue_stopped` stops such tasks
+    /// again, so a failed restore leaves them parked as the dump did.
+    ///
+    /// # Errors
+    /// A ptrace or wait failure, or a thread that does not settle.
+    pub fn leave_group_stop(&mut self) -> Result<(), TreeError> {
+        // Signals this leaves behind: the SIGCONT itself, and the SIGCHLD (CLD_CONTINUED) each
+        // continued task's parent gets. Only those not pending before are dropped.
+        let artefacts = [libc::SIGCONT, libc::SIGCHLD];
+        let before: Vec<u64> = self.tasks.iter().map(|t| shared_mask(t.pid)).collect();
+        for i in 0..self.tasks.len() {
+            let task = &self.tasks[i];
+            if task.zombie || !task.was_stopped || task.threads.is_empty() {
+                continue;
+            }
+            let pid = task.pid;
+            let threads = task.threads.clone();
+            kill(Pid::from_raw(pid), Signal::SIGCONT)
+                .map_err(|source| TreeError::Seize { pid, source })?;
+            self.tasks[i].continued = true;
+            for &tid in &threads {
+                // The SIGCONT queued a notification trap on every seized thread (and the
+                // interrupt makes sure of one): resuming the thread takes it straight into that
+                // trap, since job-control traps come before signals.
+                let p = Pid::from_raw(tid);
+                ptrace::interrupt(p).map_err(|source| TreeError::Seize { pid: tid, source })?;
+                ptrace::cont(p, None).map_err(|source| TreeError::Seize { pid: tid, source })?;
+                settle(tid, &[])?;
+            }
+        }
+        for (task, before) in self.tasks.iter().zip(before) {
+            if task.zombie || task.threads.is_empty() {
+                continue;
+            }
+            let pid = task.pid;
+            for _ in 0..4 {
+                let new = shared_mask(pid) & !before;
+                let drop: Vec<i32> = artefacts
+                    .into_iter()
+                    .filter(|&s| new & sig_bit(s) != 0)
+                    .collect();
+                let Some(&sig) = drop.first() else {
+                    break;
+                };
+                let Some(&tid) = task.threads.iter().find(|&&t| !blocks(pid, t, sig)) else {
+                    break;
+                };
+                // No trap is queued: the thread dequeues the signal at once and reports it.
+                ptrace::cont(Pid::from_raw(tid), None)
+                    .map_err(|source| TreeError::Seize { pid: tid, source })?;
+                settle(tid, &drop)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Detaches every seized thread (children first), as `mode` says. Idempotent.
     pub fn release(&mut self, mode: Release) {
         if self.released {
@@ -346,7 +475,12 @@ impl Frozen {
                 continue;
             }
             let pid = Pid::from_raw(task.pid);
-            if mode == Release::Stop {
+            let restop = task.continued
+                && mode
+                    == (Release::Resume {
+                        continue_stopped: false,
+                    });
+            if mode == Release::Stop || restop {
                 let _ = kill(pid, Signal::SIGSTOP);
             }
             for &tid in &task.threads {

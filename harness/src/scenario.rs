@@ -3,16 +3,23 @@
 //! ```toml
 //! description = "RESUME_DEVICES_LATE errors abort the restore under the newer rules"
 //!
-//! [world]              # optional; handed verbatim to `mock-world init DIR --config FILE`
-//! driver_version = 580
+//! known_failure = "…"  # optional: runs, a failure is "xfail", a pass is an error
+//!
+//! [world]              # optional: a `world.toml` (docs/mock-world.md) for `mock-world init`;
+//! driver = { branch = 580 }   # `schema = 1` and one default GPU are added when absent; a
+//!                      # `[[world.fault]]` may name a task (`task = "worker"`) instead of a pid:
+//!                      # faults are installed (`mock-world configure`) once the workload runs
 //!
 //! [workload]           # the process tree, root first; `parent` names an earlier task
-//! tasks = [{ name = "root" }, { name = "worker", parent = "root", cuda = true }]
+//! tasks = [{ name = "root" }, { name = "worker", parent = "root", cuda = true, threads = 1 }]
+//!                      # CUDA tasks: `gpus = [0, 1]`, `kib = 64`
 //!
 //! [host]
 //! engine = "emulated"  # or "criu" (a real CRIU >= 4.0; skipped when absent)
 //! profile = "pr3076"   # 4.1 | 4.2 | upstream | pr3076
 //! rules = "newer"      # optional override: 4.1 | newer
+//! cuda_checkpoint = true   # a cuda-checkpoint in the steps' PATH
+//! force_enable = true      # CRIU_CUDA_FORCE_ENABLE=1 (no GPU here)
 //!
 //! [[plugins]]          # what goes into the plugin directory, in this order
 //! kind = "test"        # "cuda" (this project's plugin) or "test" (tests/support/testplugin.c)
@@ -20,8 +27,9 @@
 //! script = { resume = "ret=-1" }
 //!
 //! [[steps]]
-//! action = "dump"      # dump | pre-dump | restore
+//! action = "dump"      # dump | pre-dump | restore | cuda-checkpoint (`task`, `args`)
 //! expect = "ok"        # ok | fail
+//! backend = "driver-api"   # optional: what the CUDA plugin selected (or "none")
 //!
 //! [[steps]]
 //! action = "restore"
@@ -30,6 +38,9 @@
 //!
 //! [expect]             # the final state
 //! tasks = "running"    # running | parked | gone
+//! cuda_state = { worker = "running" }   # running | locked | checkpointed | failed | none
+//! gpu_data_verified = true              # every task answers SIGUSR1 with PASS
+//! dead = ["worker"]                     # tasks a fault killed
 //! ```
 //!
 //! Parsing is strict: an unknown key anywhere is an error naming the file and the key.
@@ -63,6 +74,10 @@ pub struct Scenario {
     /// The expected end state.
     #[serde(default)]
     pub expect: Expect,
+    /// A scenario that pins the correct behaviour of a component that does not have it yet: it
+    /// runs, its failure is reported as "xfail" with this reason, and a pass is an error.
+    #[serde(default)]
+    pub known_failure: Option<String>,
 }
 
 /// The process tree.
@@ -88,6 +103,12 @@ pub struct TaskSpec {
     /// Extra threads.
     #[serde(default)]
     pub threads: u32,
+    /// GPU ordinals a CUDA task allocates on (default `[0]`).
+    #[serde(default)]
+    pub gpus: Option<Vec<u32>>,
+    /// KiB allocated per GPU by a CUDA task (default 64).
+    #[serde(default)]
+    pub kib: Option<u32>,
 }
 
 /// Which host runs the steps.
@@ -111,6 +132,16 @@ pub struct Host {
     /// A rule-set override.
     #[serde(default)]
     pub rules: Option<String>,
+    /// Whether a `cuda-checkpoint` is in the `PATH` of the steps (default true).
+    #[serde(default = "yes")]
+    pub cuda_checkpoint: bool,
+    /// Whether `CRIU_CUDA_FORCE_ENABLE=1` is set for the steps (default true: no GPU here).
+    #[serde(default = "yes")]
+    pub force_enable: bool,
+}
+
+const fn yes() -> bool {
+    true
 }
 
 /// What a plugin entry installs.
@@ -153,6 +184,8 @@ pub enum Action {
     PreDump,
     /// `restore`.
     Restore,
+    /// Run `cuda-checkpoint ARGS --pid <task>` (e.g. to lock a task before the dump).
+    CudaCheckpoint,
 }
 
 /// The expected result of a step.
@@ -185,6 +218,16 @@ pub struct Step {
     /// A substring the engine log must contain.
     #[serde(default)]
     pub error: Option<String>,
+    /// The backend the CUDA plugin must have selected in this step (`driver-api`,
+    /// `cuda-checkpoint`), or `none` (disabled, or init failed before selecting).
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// `cuda-checkpoint` steps: the task.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// `cuda-checkpoint` steps: the arguments before `--pid`.
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 /// The end state of every task.
@@ -196,6 +239,8 @@ pub enum TaskState {
     Running,
     /// Group-stopped and untraced.
     Parked,
+    /// Every task has exited (a real CRIU dump without `--leave-running`).
+    Gone,
 }
 
 /// The expected end state.
@@ -214,6 +259,9 @@ pub struct Expect {
     /// Whether GPU data must have been verified by the workload.
     #[serde(default)]
     pub gpu_data_verified: Option<bool>,
+    /// Tasks expected to have died (a `kill-target` fault); not checked for state or data.
+    #[serde(default)]
+    pub dead: Vec<String>,
 }
 
 /// A scenario file that cannot be used.
@@ -314,6 +362,31 @@ impl Scenario {
         if self.steps.is_empty() {
             return Err("no steps".to_owned());
         }
+        for (i, st) in self.steps.iter().enumerate() {
+            match (st.action, &st.task) {
+                (Action::CudaCheckpoint, Some(t)) if seen.contains(&t.as_str()) => {}
+                (Action::CudaCheckpoint, _) => {
+                    return Err(format!("step {i}: cuda-checkpoint needs a declared `task`"))
+                }
+                (_, Some(_)) => return Err(format!("step {i}: only cuda-checkpoint takes a task")),
+                (_, None) => {}
+            }
+            if let Some(b) = &st.backend {
+                if !["driver-api", "cuda-checkpoint", "none"].contains(&b.as_str()) {
+                    return Err(format!("step {i}: unknown backend `{b}`"));
+                }
+            }
+        }
+        for name in self.expect.cuda_state.keys().chain(&self.expect.dead) {
+            if !seen.contains(&name.as_str()) {
+                return Err(format!("expect: unknown task `{name}`"));
+            }
+        }
+        for (name, st) in &self.expect.cuda_state {
+            if !["running", "locked", "checkpointed", "failed", "none"].contains(&st.as_str()) {
+                return Err(format!("expect.cuda_state.{name}: unknown state `{st}`"));
+            }
+        }
         Ok(())
     }
 
@@ -326,6 +399,10 @@ impl Scenario {
             || self.expect.backend.is_some()
             || !self.expect.cuda_state.is_empty()
             || self.expect.gpu_data_verified.is_some()
+            || self
+                .steps
+                .iter()
+                .any(|s| s.backend.is_some() || s.action == Action::CudaCheckpoint)
     }
 }
 

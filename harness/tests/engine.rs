@@ -615,6 +615,49 @@ fn dump_freezes_the_whole_tree_in_dfs_order_and_releases_it() {
 }
 
 #[test]
+fn a_thread_a_plugin_resumes_during_resume_devices_late_really_runs() {
+    // The dump parks the tree in group-stop; a seized task in group-stop would drop straight back
+    // into it when one thread is PTRACE_CONT'ed. The restore must hand plugins tasks whose
+    // threads are in plain ptrace-stops, as a real CRIU restore does.
+    let fx = Fixture::new();
+    fx.plugin("a.so", "a", &[]);
+    let tree = Tree::spawn(&fx);
+    let b = tree.pids[3];
+    for host in ["4.1", "pr3076"] {
+        ok(
+            &run(fx.cmd(host, "dump").args(["-t", &tree.root().to_string()])),
+            &fx.log(),
+        );
+        tree.assert_parked();
+        fx.take_tp_log();
+        let out = run(fx
+            .cmd(host, "restore")
+            .env("TP_a_resume", "state,runthread"));
+        ok(&out, &fx.log());
+        let tp = fx.take_tp_log();
+        let ran = lines_with(&tp, "runthread");
+        assert_eq!(ran, ["a runthread ran=1"; 4], "{host}: {tp:?}");
+        assert!(tp.contains(&format!("a RESUME_DEVICES_LATE {b} -> 0")));
+        tree.assert_running();
+    }
+
+    // A failed restore leaves the tasks parked, as the dump did.
+    ok(
+        &run(fx
+            .cmd("pr3076", "dump")
+            .args(["-t", &tree.root().to_string()])),
+        &fx.log(),
+    );
+    let out = run(fx
+        .cmd("pr3076", "restore")
+        .env("TP_a_resume", "runthread,retat=4:-1"));
+    failed(&out, &fx.log());
+    tree.assert_parked();
+    ok(&run(fx.cmd("pr3076", "restore")), &fx.log());
+    tree.assert_running();
+}
+
+#[test]
 fn pause_failure_on_a_child_resumes_everything_and_exit_sees_the_failure() {
     let fx = Fixture::new();
     fx.plugin("a.so", "a", &[]);

@@ -2,13 +2,19 @@
 //! (`--host`, else `HARNESS_HOST`, else the default) next to itself and execs it with the same
 //! arguments. Each engine is a separate executable because the host symbols a plugin can see are
 //! fixed at link time.
+//!
+//! `harness run [-j N] [PATH...]` runs the scenario corpus instead (default `scenarios/`, two at a
+//! time) and prints a table: scenario, host, backend, result, time.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+
 use harness::profile::HostProfile;
+use harness::runner;
 
 fn requested_host(args: &[OsString]) -> Result<HostProfile> {
     let mut it = args.iter().map(|a| a.to_string_lossy());
@@ -37,8 +43,52 @@ fn main() -> ExitCode {
     }
 }
 
+/// `harness run [-j N] PATH...`: runs the scenario corpus (files or directories).
+fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
+    let mut jobs = 2;
+    let mut paths = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let a = a.to_string_lossy();
+        if a == "-j" || a == "--jobs" {
+            jobs = it
+                .next()
+                .context("-j needs a number")?
+                .to_string_lossy()
+                .parse()?;
+        } else if let Some(v) = a.strip_prefix("-j") {
+            jobs = v.parse()?;
+        } else if a == "-h" || a == "--help" {
+            println!("usage: harness run [-j N] SCENARIO_FILE_OR_DIR...");
+            return Ok(ExitCode::SUCCESS);
+        } else {
+            paths.push(PathBuf::from(a.as_ref()));
+        }
+    }
+    if paths.is_empty() {
+        paths.push(PathBuf::from("scenarios"));
+    }
+    let me = std::env::current_exe().context("cannot locate the harness executable")?;
+    let profile = me
+        .parent()
+        .context("the harness executable has no directory")?;
+    let art = runner::Artifacts::locate(profile, &me).map_err(anyhow::Error::msg)?;
+    runner::become_subreaper();
+    let opts = runner::RunOptions {
+        require_criu: std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1"),
+    };
+    Ok(if runner::run_corpus(&paths, &art, jobs, opts) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 fn run() -> Result<ExitCode> {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == "run") {
+        return run_scenarios(&args[1..]);
+    }
     let host = requested_host(&args)?;
     let me = std::env::current_exe().context("cannot locate the harness executable")?;
     let engine = me.with_file_name(host.engine_bin());

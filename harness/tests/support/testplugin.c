@@ -25,11 +25,14 @@
  *   sleep=MS        sleep
  *   alarmed         log alarm_timeouted()
  *   abort           abort()
+ *   runthread       (pid hooks) PTRACE_CONT the hook task's last thread, let it run 100 ms, log
+ *                   whether it really ran (no stop reported, not in a stop state), stop it again
  * The constructor clamps max_hooks to the host's hook count (unless TP_NO_CLAMP) and applies
  * $TP_<NAME>_MAXHOOKS / $TP_<NAME>_VERSION overrides.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
@@ -40,6 +43,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef TP_NAME
@@ -244,6 +249,38 @@ static int run_actions(const char *event, int ev_idx, int pid, int ret)
 			tp_log("alarmed = %d", f ? (int)f() : -1);
 		} else if (!strcmp(tok, "sleep")) {
 			usleep(atoi(arg) * 1000);
+		} else if (!strcmp(tok, "runthread")) {
+			char path[96], buf[4096], *s;
+			int tid = 0, st = 0, fd, stopped, state;
+			struct dirent *d;
+			DIR *dir;
+			snprintf(path, sizeof(path), "/proc/%d/task", pid);
+			dir = opendir(path);
+			while (dir && (d = readdir(dir)))
+				if (atoi(d->d_name) > tid)
+					tid = atoi(d->d_name);
+			if (dir)
+				closedir(dir);
+			if (ptrace(PTRACE_CONT, tid, 0, 0)) {
+				tp_log("runthread %d cont failed errno=%d", tid == pid, errno);
+				continue;
+			}
+			usleep(100 * 1000);
+			stopped = waitpid(tid, &st, __WALL | WNOHANG) == tid;
+			snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, tid);
+			fd = open(path, O_RDONLY);
+			buf[0] = 0;
+			if (fd >= 0) {
+				read_fd_all(fd, buf, sizeof(buf));
+				close(fd);
+			}
+			s = strrchr(buf, ')');
+			state = s ? s[2] : '?';
+			tp_log("runthread ran=%d", !stopped && state != 't' && state != 'T');
+			if (!stopped) {
+				ptrace(PTRACE_INTERRUPT, tid, 0, 0);
+				waitpid(tid, &st, __WALL);
+			}
 		} else if (!strcmp(tok, "abort")) {
 			abort();
 		}

@@ -1,0 +1,1520 @@
+//! The scenario executor: runs one `scenarios/**/*.toml` file against real processes and reports
+//! whether the expected outcome happened, with a normalised transcript for snapshots.
+//!
+//! Per scenario: a temporary directory with a mock CUDA world (`mock-world init`, faults naming
+//! tasks installed with `mock-world configure` once the workload runs), a plugin directory
+//! (`cuda_plugin.so`, test plugins compiled from `tests/support/testplugin.c`), the workload
+//! tree (one `mock-cuda-app` per task, each started by its parent's shell before it `exec`s, in
+//! its own session), and the steps, each a `harness` engine process or a real `criu`.
+//!
+//! The transcript of each step holds the engine's hook trace, the mock driver's call trace
+//! (calls of the engine/CRIU process and of `cuda-checkpoint` runs; the workload's own calls are
+//! left out) and the plugin log lines, with pids replaced by task names (`root`,
+//! `root.restore` for a restore thread, `criu`, `cuda-checkpoint`), paths and durations removed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+use crate::scenario::{Action, EngineKind, Outcome, PluginKind, Scenario, TaskState};
+
+/// Where the executables and libraries a scenario needs live.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    /// The `harness` front-end.
+    pub harness: PathBuf,
+    /// `cuda_plugin.so` (built as `libcuda_plugin.so`).
+    pub plugin: PathBuf,
+    /// `libmock_libcuda.so`.
+    pub mock_lib: PathBuf,
+    /// `mock-world`.
+    pub mock_world: PathBuf,
+    /// `mock-cuda-app`.
+    pub mock_app: PathBuf,
+    /// `cuda-checkpoint` (the fake).
+    pub cuda_checkpoint: PathBuf,
+    /// The workspace root (test plugin sources, CRIU wrappers).
+    pub workspace: PathBuf,
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).ok()?.modified().ok()
+}
+
+/// The newer of `<profile>/<name>` and `<profile>/deps/<name>` (`cargo test` refreshes `deps/`
+/// only).
+fn newest_lib(profile: &Path, name: &str) -> PathBuf {
+    let a = profile.join(name);
+    let b = profile.join("deps").join(name);
+    match (mtime(&a), mtime(&b)) {
+        (Some(x), Some(y)) if x > y => a,
+        (Some(_), None) => a,
+        _ => b,
+    }
+}
+
+impl Artifacts {
+    /// The artifacts of the target profile directory `profile` (e.g. `target/debug`), with the
+    /// `harness` front-end `harness`. When one is missing, `$CARGO build` (or `cargo`) builds the
+    /// packages that provide them, once per process.
+    ///
+    /// # Errors
+    /// A build that fails or an artifact still missing after it.
+    pub fn locate(profile: &Path, harness: &Path) -> Result<Self, String> {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let make = || Self {
+            harness: harness.to_path_buf(),
+            plugin: newest_lib(profile, "libcuda_plugin.so"),
+            mock_lib: newest_lib(profile, "libmock_libcuda.so"),
+            mock_world: profile.join("mock-world"),
+            mock_app: profile.join("mock-cuda-app"),
+            cuda_checkpoint: profile.join("cuda-checkpoint"),
+            workspace: workspace.clone(),
+        };
+        let a = make();
+        if a.missing().is_none() {
+            return Ok(a);
+        }
+        static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+        BUILT.get_or_init(|| build(profile, &workspace)).clone()?;
+        let a = make();
+        match a.missing() {
+            None => Ok(a),
+            Some(p) => Err(format!("{} is missing after the build", p.display())),
+        }
+    }
+
+    fn missing(&self) -> Option<&Path> {
+        [
+            &self.harness,
+            &self.plugin,
+            &self.mock_lib,
+            &self.mock_world,
+            &self.mock_app,
+            &self.cuda_checkpoint,
+        ]
+        .into_iter()
+        .find(|p| !p.exists())
+        .map(PathBuf::as_path)
+    }
+}
+
+fn build(profile: &Path, workspace: &Path) -> Result<(), String> {
+    let target = profile.parent().ok_or("no target directory")?;
+    let name = profile
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("odd profile directory")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut c = Command::new(&cargo);
+    c.arg("build")
+        .arg("--manifest-path")
+        .arg(workspace.join("Cargo.toml"))
+        .args([
+            "-p",
+            "cuda-plugin",
+            "-p",
+            "mock-libcuda",
+            "-p",
+            "fake-cuda-checkpoint",
+        ])
+        .args(["-p", "harness", "--lib", "--bins"])
+        .env("CARGO_TARGET_DIR", target);
+    match name {
+        "debug" => {}
+        "release" => {
+            c.arg("--release");
+        }
+        other => {
+            c.args(["--profile", other]);
+        }
+    }
+    let out = c.output().map_err(|e| format!("running {cargo:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{c:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// How a scenario ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every expectation held.
+    Pass,
+    /// An expectation failed (why).
+    Fail(String),
+    /// It cannot run here (why).
+    Skip(String),
+    /// A `known_failure` scenario failed as expected (the reason, then what failed).
+    XFail(String),
+}
+
+/// What [`run`] reports.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The host, as `emulated 4.2` or `criu 4.1`.
+    pub host: String,
+    /// The backends the CUDA plugin selected, per step that selected one (`-` when none).
+    pub backend: String,
+    /// The normalised transcript (compare with the snapshot when the verdict is a pass).
+    pub transcript: String,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+/// Options of a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// A real-CRIU scenario whose CRIU is absent fails instead of being skipped
+    /// (`CRIU_CUDA_REQUIRE_CRIU=1`).
+    pub require_criu: bool,
+}
+
+/// Makes this process a child subreaper, so that the orphans of a workload tree (its children
+/// after a real CRIU dump killed it, a `cuda-checkpoint` a plugin left behind) become its
+/// children and can be reaped by pid. Call once before running scenarios.
+pub fn become_subreaper() {
+    let _ = nix::sys::prctl::set_child_subreaper(true);
+}
+
+/// Runs scenario `s`.
+#[must_use]
+pub fn run(s: &Scenario, art: &Artifacts, opts: RunOptions) -> Report {
+    let start = Instant::now();
+    let host = format!(
+        "{} {}",
+        match s.host.engine {
+            EngineKind::Emulated => "emulated",
+            EngineKind::Criu => "criu",
+        },
+        s.host.profile
+    );
+    let mut ex = Exec {
+        s,
+        art,
+        dir: PathBuf::new(),
+        world: None,
+        criu: None,
+        names: BTreeMap::new(),
+        pids: BTreeMap::new(),
+        tids: BTreeMap::new(),
+        procs: BTreeMap::new(),
+        cli_pids: BTreeSet::new(),
+        root_child: None,
+        env: Vec::new(),
+        transcript: String::new(),
+        backends: Vec::new(),
+        trace_offset: 0,
+    };
+    let tmp = tempfile::Builder::new().prefix("scenario-").tempdir();
+    let result = match (&tmp, s.host.engine) {
+        (Err(e), _) => Err(format!("tempdir: {e}")),
+        (Ok(_), EngineKind::Criu) => match find_criu(&s.host.profile, &art.workspace) {
+            Some(c) => {
+                ex.criu = Some(c);
+                Ok(())
+            }
+            None if opts.require_criu => Err(format!(
+                "required (CRIU_CUDA_REQUIRE_CRIU=1): no CRIU {} found",
+                s.host.profile
+            )),
+            None => {
+                return Report {
+                    verdict: Verdict::Skip(format!("no CRIU {} found", s.host.profile)),
+                    host,
+                    backend: "-".to_owned(),
+                    transcript: String::new(),
+                    elapsed: start.elapsed(),
+                }
+            }
+        },
+        (Ok(_), EngineKind::Emulated) => Ok(()),
+    };
+    let result = result.and_then(|()| {
+        ex.dir = tmp
+            .as_ref()
+            .map_err(|e| e.to_string())?
+            .path()
+            .to_path_buf();
+        ex.execute()
+    });
+    ex.cleanup();
+    let verdict = match (result, &s.known_failure) {
+        (Ok(()), None) => Verdict::Pass,
+        (Err(e), None) => Verdict::Fail(e),
+        (Err(e), Some(k)) => Verdict::XFail(format!("{k} ({})", first_line(&e))),
+        (Ok(()), Some(k)) => Verdict::Fail(format!(
+            "marked known_failure (\"{k}\") but passed: remove the mark"
+        )),
+    };
+    let mut shown: Vec<String> = Vec::new();
+    for b in &ex.backends {
+        if shown.last() != Some(b) {
+            shown.push(b.clone());
+        }
+    }
+    let backend = if shown.is_empty() {
+        "-".to_owned()
+    } else {
+        shown.join(">")
+    };
+    Report {
+        verdict,
+        host,
+        backend,
+        transcript: ex.transcript,
+        elapsed: start.elapsed(),
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("")
+}
+
+/// A real CRIU for `profile` (`4.1`, `4.2`): `$CRIU_CUDA_CRIU_4_1`/`_4_2`, else the wrapper
+/// listed in `target/criu/versions` (`$CRIU_CUDA_CRIU_VERSIONS`), else `criu` in `PATH` when its
+/// version matches.
+#[must_use]
+pub fn find_criu(profile: &str, workspace: &Path) -> Option<PathBuf> {
+    let var = format!("CRIU_CUDA_CRIU_{}", profile.replace('.', "_"));
+    if let Some(p) = std::env::var_os(&var).map(PathBuf::from) {
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    let versions = std::env::var_os("CRIU_CUDA_CRIU_VERSIONS")
+        .map_or_else(|| workspace.join("target/criu/versions"), PathBuf::from);
+    if let Ok(text) = std::fs::read_to_string(versions) {
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(v), Some(p)) = (it.next(), it.next()) {
+                if (v == profile || v.starts_with(&format!("{profile}."))) && Path::new(p).exists()
+                {
+                    return Some(PathBuf::from(p));
+                }
+            }
+        }
+    }
+    let out = Command::new("criu").arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Version:"))?
+        .trim();
+    (v == profile || v.starts_with(&format!("{profile}."))).then(|| PathBuf::from("criu"))
+}
+
+struct Exec<'a> {
+    s: &'a Scenario,
+    art: &'a Artifacts,
+    dir: PathBuf,
+    world: Option<PathBuf>,
+    criu: Option<PathBuf>,
+    /// pid/tid (as text) -> label.
+    names: BTreeMap<String, String>,
+    /// task name -> pid.
+    pids: BTreeMap<String, i32>,
+    /// task name -> restore thread id.
+    tids: BTreeMap<String, i32>,
+    /// step processes (engine, criu) by pid.
+    procs: BTreeMap<i32, &'static str>,
+    cli_pids: BTreeSet<i32>,
+    root_child: Option<Child>,
+    env: Vec<(String, String)>,
+    transcript: String,
+    backends: Vec<String>,
+    trace_offset: usize,
+}
+
+const DEFAULT_GPU: &str = r#"
+[[gpu]]
+uuid = "GPU-00000000-0000-4000-8000-000000000000"
+name = "NVIDIA H100 80GB HBM3"
+memory_mib = 81559
+chip = "GH100"
+"#;
+
+impl Exec<'_> {
+    fn execute(&mut self) -> Result<(), String> {
+        let cuda = self.s.needs_cuda();
+        let lib = self.dir.join("lib");
+        std::fs::create_dir(&lib).map_err(|e| e.to_string())?;
+        if cuda {
+            self.init_world()?;
+        }
+        self.install_plugins(&lib)?;
+        if cuda {
+            self.spawn_apps()?;
+            self.install_faults()?;
+        } else {
+            self.spawn_sleepers()?;
+        }
+        for (i, step) in self.s.steps.iter().enumerate() {
+            self.step(i, step, &lib)?;
+        }
+        self.check_end()
+    }
+
+    fn sh(&self, c: &mut Command, what: &str) -> Result<String, String> {
+        let out = c
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{what}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{what} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn world_table(&self, with_faults: bool) -> Result<toml::Table, String> {
+        let mut t = self.s.world.clone().unwrap_or_default();
+        t.entry("schema").or_insert(toml::Value::Integer(1));
+        if !t.contains_key("gpu") {
+            let g: toml::Table = toml::from_str(DEFAULT_GPU).map_err(|e| e.to_string())?;
+            t.insert("gpu".to_owned(), g["gpu"].clone());
+        }
+        if !with_faults {
+            t.remove("fault");
+            return Ok(t);
+        }
+        if let Some(toml::Value::Array(faults)) = t.get_mut("fault") {
+            for f in faults {
+                let Some(ft) = f.as_table_mut() else { continue };
+                if let Some(toml::Value::String(task)) = ft.remove("task") {
+                    let pid = self
+                        .pids
+                        .get(&task)
+                        .ok_or_else(|| format!("fault names unknown task `{task}`"))?;
+                    ft.insert("pid".to_owned(), toml::Value::Integer(i64::from(*pid)));
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    fn init_world(&mut self) -> Result<(), String> {
+        let w = self.dir.join("world");
+        let cfg = self.dir.join("world.toml");
+        let t = self.world_table(false)?;
+        std::fs::write(&cfg, t.to_string()).map_err(|e| e.to_string())?;
+        self.sh(
+            Command::new(&self.art.mock_world)
+                .arg("init")
+                .arg(&w)
+                .arg("--config")
+                .arg(&cfg)
+                .arg("--lib")
+                .arg(&self.art.mock_lib),
+            "mock-world init",
+        )?;
+        let bin = self.dir.join("bin");
+        std::fs::create_dir(&bin).map_err(|e| e.to_string())?;
+        if self.s.host.cuda_checkpoint {
+            std::os::unix::fs::symlink(&self.art.cuda_checkpoint, bin.join("cuda-checkpoint"))
+                .map_err(|e| e.to_string())?;
+        }
+        self.env = vec![
+            ("MOCK_CUDA_WORLD".to_owned(), w.display().to_string()),
+            (
+                "LD_LIBRARY_PATH".to_owned(),
+                w.join("lib").display().to_string(),
+            ),
+            (
+                "PATH".to_owned(),
+                format!(
+                    "{}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+                    bin.display()
+                ),
+            ),
+        ];
+        self.world = Some(w);
+        Ok(())
+    }
+
+    fn install_faults(&mut self) -> Result<(), String> {
+        let Some(w) = self.world.clone() else {
+            return Ok(());
+        };
+        if !self
+            .s
+            .world
+            .as_ref()
+            .is_some_and(|t| t.contains_key("fault"))
+        {
+            return Ok(());
+        }
+        let cfg = self.dir.join("world-faults.toml");
+        let t = self.world_table(true)?;
+        std::fs::write(&cfg, t.to_string()).map_err(|e| e.to_string())?;
+        self.sh(
+            Command::new(&self.art.mock_world)
+                .arg("configure")
+                .arg(&w)
+                .arg("--config")
+                .arg(&cfg)
+                .arg("--lib")
+                .arg(&self.art.mock_lib),
+            "mock-world configure",
+        )?;
+        Ok(())
+    }
+
+    fn install_plugins(&mut self, lib: &Path) -> Result<(), String> {
+        for p in &self.s.plugins {
+            match p.kind {
+                PluginKind::Cuda => {
+                    let file = p
+                        .file
+                        .clone()
+                        .unwrap_or_else(|| "cuda_plugin.so".to_owned());
+                    std::fs::copy(&self.art.plugin, lib.join(file))
+                        .map_err(|e| format!("copy {}: {e}", self.art.plugin.display()))?;
+                }
+                PluginKind::Test => {
+                    let name = p.name.as_deref().unwrap_or("tp");
+                    let file = p.file.clone().unwrap_or_else(|| format!("{name}.so"));
+                    let src = self
+                        .art
+                        .workspace
+                        .join("harness/tests/support/testplugin.c");
+                    self.sh(
+                        Command::new("cc")
+                            .args(["-shared", "-fPIC", "-O0", "-w"])
+                            .arg(format!("-DTP_NAME=\"{name}\""))
+                            .args(p.defines.iter().map(|d| format!("-D{d}")))
+                            .arg(src)
+                            .arg("-o")
+                            .arg(lib.join(file)),
+                        &format!("cc test plugin {name}"),
+                    )?;
+                    for (event, actions) in &p.script {
+                        self.env
+                            .push((format!("TP_{name}_{event}"), actions.clone()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn children_of(&self, idx: usize) -> Vec<usize> {
+        let name = &self.s.workload.tasks[idx].name;
+        self.s
+            .workload
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.parent.as_deref() == Some(name.as_str()))
+            .map(|(j, _)| j)
+            .collect()
+    }
+
+    fn spawn_tree(&mut self, exec_line: &dyn Fn(usize) -> String) -> Result<(), String> {
+        let n = self.s.workload.tasks.len();
+        for i in 0..n {
+            let mut script = String::new();
+            for j in self.children_of(i) {
+                let _ = writeln!(script, "sh {}/task{j}.sh &", self.dir.display());
+            }
+            script.push_str(&exec_line(i));
+            script.push('\n');
+            std::fs::write(self.dir.join(format!("task{i}.sh")), script)
+                .map_err(|e| e.to_string())?;
+        }
+        let out =
+            std::fs::File::create(self.dir.join("workload.out")).map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new("setsid")
+            .arg("sh")
+            .arg(self.dir.join("task0.sh"))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn workload: {e}"))?;
+        self.root_child = Some(child);
+        Ok(())
+    }
+
+    fn spawn_apps(&mut self) -> Result<(), String> {
+        let app = self.art.mock_app.display().to_string();
+        let dir = self.dir.display().to_string();
+        let tasks = self.s.workload.tasks.clone();
+        self.spawn_tree(&|i| {
+            let t = &tasks[i];
+            let mut line = format!(
+                "exec {app} --report {dir}/report{i} --threads {}",
+                t.threads
+            );
+            if t.cuda {
+                let gpus = t.gpus.clone().unwrap_or_else(|| vec![0]);
+                let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
+                let _ = write!(
+                    line,
+                    " --gpus {} --kib {}",
+                    gpus.join(","),
+                    t.kib.unwrap_or(64)
+                );
+            } else {
+                line.push_str(" --cpu-only");
+            }
+            line
+        })?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for (i, t) in tasks.iter().enumerate() {
+            let report = self.dir.join(format!("report{i}"));
+            let pid = loop {
+                let text = std::fs::read_to_string(&report).unwrap_or_default();
+                if let Some(l) = text.lines().find(|l| l.starts_with("READY ")) {
+                    break field(l, "pid")
+                        .and_then(|p| p.parse::<i32>().ok())
+                        .ok_or_else(|| format!("odd READY line `{l}`"))?;
+                }
+                if let Some(l) = text.lines().find(|l| l.starts_with("FAIL ")) {
+                    return Err(format!("task {} failed to start: {l}", t.name));
+                }
+                if Instant::now() > deadline {
+                    let out =
+                        std::fs::read_to_string(self.dir.join("workload.out")).unwrap_or_default();
+                    return Err(format!("task {} never reported READY\n{out}", t.name));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            self.add_task(&t.name, pid);
+        }
+        // Threads settle after READY: wait until each task has its extra threads (and, for
+        // CUDA tasks, the restore thread) so that the freeze sees a stable tree.
+        for (i, t) in tasks.iter().enumerate() {
+            let pid = self.pids[&t.name];
+            let want = 1 + t.threads as usize + usize::from(t.cuda);
+            let end = Instant::now() + Duration::from_secs(5);
+            while thread_count(pid) < want && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = i;
+        }
+        self.refresh_tids();
+        Ok(())
+    }
+
+    fn spawn_sleepers(&mut self) -> Result<(), String> {
+        self.spawn_tree(&|_| "exec sleep 100000".to_owned())?;
+        let root = self.root_child.as_ref().map_or(0, |c| c.id() as i32);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut pids = BTreeMap::new();
+            if self.map_sleepers(0, root, &mut pids)
+                && pids.len() == self.s.workload.tasks.len()
+                && pids.values().all(|&p| comm(p) == "sleep")
+            {
+                for (n, p) in pids {
+                    self.add_task(&n, p);
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("workload did not start".to_owned());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn map_sleepers(&self, idx: usize, pid: i32, out: &mut BTreeMap<String, i32>) -> bool {
+        out.insert(self.s.workload.tasks[idx].name.clone(), pid);
+        let kids = self.children_of(idx);
+        let pids = proc_children(pid);
+        if pids.len() != kids.len() {
+            return false;
+        }
+        // Children start in declaration order but may be reported in any; map by start time.
+        let mut pids = pids;
+        pids.sort_by_key(|&p| crate::pstree::start_time(p).unwrap_or(0));
+        kids.into_iter()
+            .zip(pids)
+            .all(|(j, p)| self.map_sleepers(j, p, out))
+    }
+
+    fn add_task(&mut self, name: &str, pid: i32) {
+        self.pids.insert(name.to_owned(), pid);
+        self.names.insert(pid.to_string(), name.to_owned());
+    }
+
+    fn world_status(&self) -> Result<serde_json::Value, String> {
+        let Some(w) = &self.world else {
+            return Ok(serde_json::Value::Null);
+        };
+        let out = self.sh(
+            Command::new(&self.art.mock_world)
+                .arg("status")
+                .arg(w)
+                .arg("--json"),
+            "mock-world status",
+        )?;
+        serde_json::from_str(&out).map_err(|e| format!("mock-world status --json: {e}"))
+    }
+
+    fn refresh_tids(&mut self) {
+        let Ok(st) = self.world_status() else { return };
+        for (name, pid) in self.pids.clone() {
+            if let Some(tid) = st["processes"][pid.to_string()]["restore_tid"].as_i64() {
+                self.tids.insert(name.clone(), tid as i32);
+                self.names
+                    .insert(tid.to_string(), format!("{name}.restore"));
+            }
+        }
+    }
+
+    fn step(&mut self, i: usize, step: &crate::scenario::Step, lib: &Path) -> Result<(), String> {
+        let img = self.dir.join("img");
+        let log = self.dir.join(format!("step{i}.log"));
+        let trace = self.dir.join(format!("step{i}.trace"));
+        let tp_log = self.dir.join(format!("step{i}.tp"));
+        let root = self.pids[&self.s.workload.tasks[0].name];
+        let options: Vec<String> = self
+            .s
+            .options
+            .iter()
+            .chain(&step.options)
+            .cloned()
+            .collect();
+        let verb = match step.action {
+            Action::Dump => "dump",
+            Action::PreDump => "pre-dump",
+            Action::Restore => "restore",
+            Action::CudaCheckpoint => "cuda-checkpoint",
+        };
+        let mut c;
+        let label;
+        let mut env_options = None;
+        if step.action == Action::CudaCheckpoint {
+            let task = step.task.as_deref().unwrap_or_default();
+            c = Command::new(&self.art.cuda_checkpoint);
+            c.args(&step.args)
+                .arg("--pid")
+                .arg(self.pids[task].to_string());
+            label = "cuda-checkpoint";
+        } else if let Some(criu) = self.criu.clone() {
+            if step.action == Action::Restore {
+                self.wait_tree_gone()?;
+            }
+            std::fs::create_dir_all(&img).map_err(|e| e.to_string())?;
+            c = Command::new(&criu);
+            c.arg(verb);
+            if step.action != Action::Restore {
+                c.arg("-t").arg(root.to_string());
+            } else {
+                c.arg("-d");
+            }
+            c.arg("-D")
+                .arg(&img)
+                .arg("-L")
+                .arg(lib)
+                .arg("-v4")
+                .arg("-o")
+                .arg(&log);
+            if step.leave_running {
+                c.arg("--leave-running");
+            }
+            if !options.is_empty() {
+                env_options = Some(options.join(" "));
+            }
+            label = "criu";
+        } else {
+            c = Command::new(&self.art.harness);
+            c.arg("--host").arg(&self.s.host.profile).arg(verb);
+            c.arg("-D")
+                .arg(&img)
+                .arg("-L")
+                .arg(lib)
+                .arg("-v4")
+                .arg("-o")
+                .arg(&log);
+            c.arg("--trace").arg(&trace);
+            if let Some(r) = &self.s.host.rules {
+                c.arg("--rules").arg(r);
+            }
+            if step.action != Action::Restore {
+                c.arg("-t").arg(root.to_string());
+            }
+            if step.leave_running {
+                c.arg("--leave-running");
+            }
+            if step.stream {
+                c.arg("--stream");
+            }
+            let native = self
+                .s
+                .host
+                .profile
+                .parse::<crate::profile::HostProfile>()
+                .is_ok_and(crate::profile::HostProfile::has_plugin_options);
+            if native {
+                for o in &options {
+                    c.arg("--plugin-option").arg(o);
+                }
+            } else if !options.is_empty() {
+                env_options = Some(options.join(" "));
+            }
+            label = "criu";
+        }
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c.env("TP_LOG", &tp_log);
+        c.env_remove("CRIU_LIBS_DIR").env_remove("CRIU_FAULT");
+        match env_options {
+            Some(o) => c.env("CRIU_PLUGIN_OPTIONS", o),
+            None => c.env_remove("CRIU_PLUGIN_OPTIONS"),
+        };
+        if self.s.host.force_enable {
+            c.env("CRIU_CUDA_FORCE_ENABLE", "1");
+        } else {
+            c.env_remove("CRIU_CUDA_FORCE_ENABLE");
+        }
+        let started = Instant::now();
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("step {i}: spawn {verb}: {e}"))?;
+        self.procs.insert(child.id() as i32, label);
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut o) = child.stdout.take() {
+            let _ = o.read_to_string(&mut stdout);
+        }
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        let status = child.wait().map_err(|e| e.to_string())?;
+        let took = started.elapsed();
+        let got = if status.success() {
+            Outcome::Ok
+        } else {
+            Outcome::Fail
+        };
+        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        // The engine's trace and the driver's trace of this step.
+        let _ = writeln!(
+            self.transcript,
+            "== step {i}: {verb}{}{} -> {}",
+            if step.leave_running {
+                " --leave-running"
+            } else {
+                ""
+            },
+            step.task
+                .as_deref()
+                .map(|t| format!(" {} {t}", step.args.join(" ")))
+                .unwrap_or_default(),
+            if got == Outcome::Ok { "ok" } else { "failed" }
+        );
+        let driver = self.take_driver_trace();
+        self.refresh_tids();
+        let engine_trace = std::fs::read_to_string(&trace).unwrap_or_default();
+        if !engine_trace.is_empty() {
+            self.transcript.push_str("-- engine\n");
+            for l in engine_trace.lines() {
+                let _ = writeln!(self.transcript, "{}", self.normalise(l));
+            }
+        }
+        if !driver.is_empty() {
+            self.transcript.push_str("-- driver\n");
+            for l in &driver {
+                let _ = writeln!(self.transcript, "{l}");
+            }
+        }
+        let plugin_lines: Vec<String> = log_text
+            .lines()
+            .filter_map(|l| l.find("cuda_plugin: ").map(|at| &l[at..]))
+            .map(|l| self.normalise(l))
+            .collect();
+        if !plugin_lines.is_empty() {
+            self.transcript.push_str("-- plugin log\n");
+            for l in &plugin_lines {
+                let _ = writeln!(self.transcript, "{l}");
+            }
+        }
+        let tp = std::fs::read_to_string(&tp_log).unwrap_or_default();
+        if !tp.is_empty() {
+            self.transcript.push_str("-- test plugins\n");
+            for l in tp.lines() {
+                let _ = writeln!(self.transcript, "{}", self.normalise(l));
+            }
+        }
+        if step.action == Action::CudaCheckpoint {
+            let _ = writeln!(
+                self.transcript,
+                "-- output\n{}",
+                self.normalise(stdout.trim_end())
+            );
+        }
+        let backend = plugin_lines.iter().find_map(|l| {
+            let rest = l.strip_prefix("cuda_plugin: backend ")?;
+            Some(rest.split_whitespace().next()?.to_owned())
+        });
+        if let Some(b) = &backend {
+            self.backends.push(b.clone());
+        }
+        let context = || {
+            format!(
+                "\n--- stderr:\n{stderr}\n--- log ({}):\n{log_text}",
+                log.display()
+            )
+        };
+        if got != step.expect {
+            return Err(format!(
+                "step {i} ({verb}) expected {:?}, got {:?} ({status}, {:.1} s){}",
+                step.expect,
+                got,
+                took.as_secs_f64(),
+                context()
+            ));
+        }
+        if let Some(e) = &step.error {
+            let hay = format!("{log_text}{stderr}{stdout}");
+            if !hay.contains(e.as_str()) {
+                return Err(format!("step {i} ({verb}): log lacks `{e}`{}", context()));
+            }
+        }
+        if let Some(want) = &step.backend {
+            let got = backend.as_deref().unwrap_or("none");
+            if got != want {
+                return Err(format!(
+                    "step {i} ({verb}): backend {got}, expected {want}{}",
+                    context()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// New lines of the world's trace, without the workload's own calls, normalised.
+    fn take_driver_trace(&mut self) -> Vec<String> {
+        let Some(w) = &self.world else {
+            return Vec::new();
+        };
+        let text = std::fs::read_to_string(w.join("trace.log")).unwrap_or_default();
+        let new = text.get(self.trace_offset..).unwrap_or("").to_owned();
+        self.trace_offset = text.len();
+        let tasks: BTreeSet<i32> = self.pids.values().copied().collect();
+        let mut out = Vec::new();
+        for l in new.lines() {
+            let Some((caller, call)) = l.split_once(' ') else {
+                continue;
+            };
+            let Ok(caller) = caller.parse::<i32>() else {
+                continue;
+            };
+            if tasks.contains(&caller) {
+                continue;
+            }
+            if call.starts_with("cuda-checkpoint(") {
+                self.cli_pids.insert(caller);
+            }
+        }
+        for l in new.lines() {
+            let Some((caller, call)) = l.split_once(' ') else {
+                continue;
+            };
+            let Ok(pid) = caller.parse::<i32>() else {
+                continue;
+            };
+            if tasks.contains(&pid) {
+                continue;
+            }
+            let who = match self.procs.get(&pid) {
+                Some(l) => *l,
+                None if self.cli_pids.contains(&pid) => "cuda-checkpoint",
+                None => "other",
+            };
+            out.push(format!("{who} {}", self.normalise(call)));
+        }
+        out
+    }
+
+    /// Pids and tids to task names, paths and durations removed.
+    fn normalise(&self, line: &str) -> String {
+        let mut s = line.to_owned();
+        for (path, label) in [
+            (self.dir.display().to_string(), "<tmp>"),
+            (self.art.workspace.display().to_string(), "<workspace>"),
+        ] {
+            if !path.is_empty() {
+                s = s.replace(&path, label);
+            }
+        }
+        for p in [
+            &self.art.cuda_checkpoint,
+            &self.art.plugin,
+            &self.art.mock_lib,
+        ] {
+            if let Some(parent) = p.parent() {
+                s = s.replace(&parent.display().to_string(), "<target>");
+            }
+        }
+        let chars: Vec<char> = s.chars().collect();
+        let mut out = String::with_capacity(s.len());
+        let mut i = 0;
+        while i < chars.len() {
+            let c = chars[i];
+            if !c.is_ascii_digit() {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < chars.len() && chars[j].is_ascii_digit() {
+                j += 1;
+            }
+            let mut k = j;
+            // A decimal with a time unit: a duration.
+            if k + 1 < chars.len() && chars[k] == '.' && chars[k + 1].is_ascii_digit() {
+                k += 1;
+                while k < chars.len() && chars[k].is_ascii_digit() {
+                    k += 1;
+                }
+            }
+            let rest: String = chars[k..].iter().take(4).collect();
+            let unit = ["ms", " ms", "s", " s", "µs", " µs"].iter().find(|u| {
+                rest.starts_with(*u)
+                    && !rest[u.len()..]
+                        .chars()
+                        .next()
+                        .is_some_and(char::is_alphanumeric)
+            });
+            let num: String = chars[i..j].iter().collect();
+            let prev = i.checked_sub(1).map(|p| chars[p]);
+            // Part of a word, a version or a UUID; `cuda-plugin-<pid>.img` is a pid.
+            let hyphen_after_hex = prev == Some('-') && i >= 2 && chars[i - 2].is_ascii_hexdigit();
+            let glued = prev.is_some_and(|p| p.is_alphanumeric() || p == '.')
+                || hyphen_after_hex
+                || chars
+                    .get(j)
+                    .is_some_and(|n| n.is_alphanumeric() || *n == '-');
+            if k > j && unit.is_some() {
+                out.push_str("N.N");
+                i = k;
+            } else if let (false, Some(name)) = (glued, self.names.get(&num)) {
+                out.push_str(name);
+                i = j;
+            } else if !glued && self.cli_pids.contains(&num.parse().unwrap_or(-1)) {
+                out.push_str("cuda-checkpoint");
+                i = j;
+            } else if !glued && self.procs.contains_key(&num.parse().unwrap_or(-1)) {
+                out.push_str("criu");
+                i = j;
+            } else {
+                out.push_str(&chars[i..k].iter().collect::<String>());
+                i = k;
+            }
+        }
+        out
+    }
+
+    fn wait_tree_gone(&mut self) -> Result<(), String> {
+        let pids: Vec<i32> = self.pids.values().copied().collect();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            for &p in &pids {
+                let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
+            }
+            if let Some(c) = self.root_child.as_mut() {
+                let _ = c.try_wait();
+            }
+            if pids
+                .iter()
+                .all(|p| !Path::new(&format!("/proc/{p}")).exists())
+            {
+                return Ok(());
+            }
+            if Instant::now() > end {
+                return Err("the dumped tree did not go away before the restore".to_owned());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn check_end(&mut self) -> Result<(), String> {
+        let s = self.s;
+        let alive: Vec<(String, i32)> = self
+            .pids
+            .iter()
+            .filter(|(n, _)| !s.expect.dead.contains(n))
+            .map(|(n, p)| (n.clone(), *p))
+            .collect();
+        let end = Instant::now() + Duration::from_secs(3);
+        for (name, pid) in &alive {
+            let good = || match s.expect.tasks {
+                TaskState::Running => crate::pstree::running_untraced(*pid).is_ok(),
+                TaskState::Parked => parked(*pid),
+                TaskState::Gone => {
+                    !Path::new(&format!("/proc/{pid}")).exists() || comm(*pid).is_empty()
+                }
+            };
+            while !good() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if !good() {
+                return Err(format!(
+                    "task {name} ({pid}) is not {:?}: {}",
+                    s.expect.tasks,
+                    crate::pstree::running_untraced(*pid)
+                        .err()
+                        .unwrap_or_default()
+                ));
+            }
+        }
+        for name in &s.expect.dead {
+            let pid = self.pids[name];
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            if crate::pstree::start_time(pid).is_some()
+                && !comm(pid).is_empty()
+                && state(pid) != 'Z'
+            {
+                return Err(format!("task {name} ({pid}) should have died"));
+            }
+        }
+        if !s.expect.cuda_state.is_empty() {
+            let st = self.world_status()?;
+            for (name, want) in &s.expect.cuda_state {
+                let pid = self.pids[name];
+                let e = &st["processes"][pid.to_string()];
+                let got = match e["state"].as_u64() {
+                    None => "none",
+                    Some(0) => "running",
+                    Some(1) => "locked",
+                    Some(2) => "checkpointed",
+                    Some(3) => "failed",
+                    Some(_) => "other",
+                };
+                if got != want {
+                    return Err(format!(
+                        "task {name}: CUDA state {got}, expected {want}\n{}",
+                        self.transcript
+                    ));
+                }
+            }
+        }
+        if let Some(want) = s.expect.gpu_data_verified {
+            let verdicts = self.verify_data(&alive)?;
+            let all_pass = verdicts.iter().all(|(_, v)| v.starts_with("PASS"));
+            if all_pass != want {
+                return Err(format!("GPU data check: {verdicts:?}"));
+            }
+        }
+        self.check_leftovers()
+    }
+
+    /// SIGUSR1 to every task; each appends PASS or FAIL to its report.
+    fn verify_data(&self, tasks: &[(String, i32)]) -> Result<Vec<(String, String)>, String> {
+        let mut before = BTreeMap::new();
+        for (i, t) in self.s.workload.tasks.iter().enumerate() {
+            let r =
+                std::fs::read_to_string(self.dir.join(format!("report{i}"))).unwrap_or_default();
+            before.insert(t.name.clone(), (i, r.lines().count()));
+        }
+        for (_, pid) in tasks {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGUSR1);
+        }
+        let mut out = Vec::new();
+        for (name, _) in tasks {
+            let (i, n) = before[name];
+            let end = Instant::now() + Duration::from_secs(5);
+            let line = loop {
+                let r = std::fs::read_to_string(self.dir.join(format!("report{i}")))
+                    .unwrap_or_default();
+                if let Some(l) = r
+                    .lines()
+                    .skip(n)
+                    .find(|l| l.starts_with("PASS") || l.starts_with("FAIL"))
+                {
+                    break l.to_owned();
+                }
+                if let Some(l) = r.lines().take(n).find(|l| l.starts_with("FAIL")) {
+                    break l.to_owned();
+                }
+                if Instant::now() > end {
+                    break "no answer to SIGUSR1".to_owned();
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            out.push((name.clone(), line));
+        }
+        Ok(out)
+    }
+
+    /// Processes of this world other than the workload (a `cuda-checkpoint` left behind).
+    fn check_leftovers(&self) -> Result<(), String> {
+        let Some(w) = &self.world else {
+            return Ok(());
+        };
+        let tag = format!("MOCK_CUDA_WORLD={}\0", w.display());
+        let ours: BTreeSet<i32> = self.pids.values().copied().collect();
+        let me = std::process::id() as i32;
+        let mut extra = Vec::new();
+        for pid in all_pids() {
+            if ours.contains(&pid) || pid == me {
+                continue;
+            }
+            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            if memmem(&env, tag.as_bytes()) {
+                extra.push(format!("{pid} ({})", comm(pid)));
+            }
+        }
+        if extra.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("processes left behind: {}", extra.join(", ")))
+        }
+    }
+
+    fn cleanup(&mut self) {
+        let mut victims: Vec<i32> = self.pids.values().copied().collect();
+        if let Some(w) = &self.world {
+            let tag = format!("MOCK_CUDA_WORLD={}\0", w.display());
+            let me = std::process::id() as i32;
+            for pid in all_pids() {
+                if pid != me
+                    && std::fs::read(format!("/proc/{pid}/environ"))
+                        .is_ok_and(|e| memmem(&e, tag.as_bytes()))
+                {
+                    victims.push(pid);
+                }
+            }
+        }
+        for &p in &victims {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        if let Some(mut c) = self.root_child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let end = Instant::now() + Duration::from_secs(5);
+        for &p in &victims {
+            // Orphans were reparented to this subreaper; others are reaped by their parents.
+            while Instant::now() < end {
+                match waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG)) {
+                    Ok(nix::sys::wait::WaitStatus::StillAlive) => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        if !Path::new(&format!("/proc/{p}")).exists() || state(p) == 'Z' {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+                if !Path::new(&format!("/proc/{p}")).exists() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn memmem(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn thread_count(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count)
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn state(pid: i32) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+        .unwrap_or('?')
+}
+
+fn proc_children(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+fn parked(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .all(|t| {
+            let st = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            st.contains("State:\tT (stopped)") && st.contains("TracerPid:\t0")
+        })
+}
+
+/// Every `*.toml` under `dir`, sorted, with its name: the path relative to `dir` without the
+/// extension.
+#[must_use]
+pub fn collect(dir: &Path) -> Vec<(String, PathBuf)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "toml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    if dir.is_file() {
+        files.push(dir.to_path_buf());
+    } else {
+        walk(dir, &mut files);
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p
+                .strip_prefix(dir)
+                .ok()
+                .filter(|r| !r.as_os_str().is_empty())
+                .unwrap_or(&p)
+                .with_extension("")
+                .display()
+                .to_string();
+            (name, p)
+        })
+        .collect()
+}
+
+/// The snapshot file name of scenario `name` (`cuda/x` -> `cuda__x.snap`).
+#[must_use]
+pub fn snapshot_name(name: &str) -> String {
+    name.replace('/', "__")
+}
+
+/// The body of an insta `.snap` file (after its `---` header), if it exists.
+#[must_use]
+pub fn read_snapshot(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let rest = text.strip_prefix("---\n")?;
+    let at = rest.find("\n---\n")?;
+    Some(rest[at + 5..].to_owned())
+}
+
+/// One row of the `harness run` table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Scenario name.
+    pub name: String,
+    /// Its report (`None` when the file did not parse: then `error`).
+    pub report: Option<Report>,
+    /// Parse error or snapshot mismatch.
+    pub error: Option<String>,
+}
+
+/// Runs every scenario under `paths`, `jobs` at a time, checking transcripts against the
+/// snapshots in `<scenarios>/snapshots/` where one exists. Prints the table and the summary to
+/// stdout (details of failures to stderr); returns whether nothing failed.
+#[must_use]
+pub fn run_corpus(paths: &[PathBuf], art: &Artifacts, jobs: usize, opts: RunOptions) -> bool {
+    use std::sync::{Arc, Mutex};
+    let mut work: Vec<(String, PathBuf, PathBuf)> = Vec::new();
+    for root in paths {
+        let base = if root.is_file() {
+            root.parent().unwrap_or(Path::new(".")).to_path_buf()
+        } else {
+            root.clone()
+        };
+        let corpus = find_corpus_root(&base);
+        for (_, p) in collect(root) {
+            let p = std::fs::canonicalize(&p).unwrap_or(p);
+            let name = p
+                .strip_prefix(&corpus)
+                .unwrap_or(&p)
+                .with_extension("")
+                .display()
+                .to_string();
+            work.push((name, p, corpus.join("snapshots")));
+        }
+    }
+    let total = work.len();
+    let mut work: Vec<_> = work.into_iter().enumerate().collect();
+    work.reverse();
+    let queue = Arc::new(Mutex::new(work));
+    let rows: Arc<Mutex<Vec<(usize, Row)>>> = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    println!(
+        "{:<64} {:<16} {:<16} {:<7} {:>7}",
+        "scenario", "host", "backend", "result", "time"
+    );
+    std::thread::scope(|sc| {
+        for _ in 0..jobs.max(1) {
+            let queue = Arc::clone(&queue);
+            let rows = Arc::clone(&rows);
+            sc.spawn(move || loop {
+                let next = queue.lock().map(|mut q| q.pop()).ok().flatten();
+                let Some((idx, (name, path, snaps))) = next else {
+                    break;
+                };
+                let row = run_one(&name, &path, &snaps, art, opts);
+                print_row(&row);
+                if let Ok(mut r) = rows.lock() {
+                    r.push((idx, row));
+                }
+            });
+        }
+    });
+    let mut rows = Arc::try_unwrap(rows)
+        .map(|m| m.into_inner().unwrap_or_default())
+        .unwrap_or_default();
+    rows.sort_by_key(|(i, _)| *i);
+    let (mut pass, mut fail, mut skip, mut xfail) = (0, 0, 0, 0);
+    for (_, r) in &rows {
+        match (&r.error, r.report.as_ref().map(|x| &x.verdict)) {
+            (Some(_), _) | (None, Some(Verdict::Fail(_)) | None) => {
+                fail += 1;
+                let why = r.error.clone().unwrap_or_else(|| {
+                    match r.report.as_ref().map(|x| &x.verdict) {
+                        Some(Verdict::Fail(e)) => e.clone(),
+                        _ => String::new(),
+                    }
+                });
+                eprintln!("\n==== FAILED {}\n{why}", r.name);
+            }
+            (None, Some(Verdict::Pass)) => pass += 1,
+            (None, Some(Verdict::Skip(_))) => skip += 1,
+            (None, Some(Verdict::XFail(_))) => xfail += 1,
+        }
+    }
+    println!(
+        "\n{pass} passed, {fail} failed, {skip} skipped{} ({total} scenarios in {:.1} s)",
+        if xfail > 0 {
+            format!(", {xfail} xfail")
+        } else {
+            String::new()
+        },
+        started.elapsed().as_secs_f64()
+    );
+    fail == 0
+}
+
+/// The directory holding `snapshots/` for scenarios under `dir`: the nearest ancestor named
+/// `scenarios`, else `dir`.
+fn find_corpus_root(dir: &Path) -> PathBuf {
+    let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    abs.ancestors()
+        .find(|a| a.file_name().is_some_and(|n| n == "scenarios"))
+        .map_or(abs.clone(), Path::to_path_buf)
+}
+
+fn run_one(name: &str, path: &Path, snaps: &Path, art: &Artifacts, opts: RunOptions) -> Row {
+    let s = match Scenario::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            return Row {
+                name: name.to_owned(),
+                report: None,
+                error: Some(e.to_string()),
+            }
+        }
+    };
+    let report = run(&s, art, opts);
+    let mut error = None;
+    if report.verdict == Verdict::Pass {
+        let snap = snaps.join(format!("{}.snap", snapshot_name(name)));
+        if let Some(want) = read_snapshot(&snap) {
+            if want.trim_end() != report.transcript.trim_end() {
+                error = Some(format!(
+                    "transcript differs from {} (run `cargo insta test -p harness --test scenarios` to review)\n{}",
+                    snap.display(),
+                    report.transcript
+                ));
+            }
+        }
+    }
+    Row {
+        name: name.to_owned(),
+        report: Some(report),
+        error,
+    }
+}
+
+fn print_row(r: &Row) {
+    let (host, backend, result, time) = match &r.report {
+        None => (
+            "-".to_owned(),
+            "-".to_owned(),
+            "fail (parse)".to_owned(),
+            0.0,
+        ),
+        Some(rep) => (
+            rep.host.clone(),
+            rep.backend.clone(),
+            match (&r.error, &rep.verdict) {
+                (Some(_), _) => "fail (snapshot)".to_owned(),
+                (None, Verdict::Pass) => "pass".to_owned(),
+                (None, Verdict::Fail(e)) => format!("fail: {}", first_line(e)),
+                (None, Verdict::Skip(why)) => format!("skip: {why}"),
+                (None, Verdict::XFail(why)) => format!("xfail: {why}"),
+            },
+            rep.elapsed.as_secs_f64(),
+        ),
+    };
+    println!(
+        "{:<64} {host:<16} {backend:<16} {result:<7} {time:>6.1}s",
+        r.name
+    );
+}
