@@ -23,47 +23,8 @@
 //! append fields to `cr_plugin_option_meta` if it also adds an entry-size field, which is why the
 //! version is checked before anything else is read.
 
-use std::ffi::c_char;
-
-/// The exported symbol's name.
-pub const SYMBOL: &str = "CR_PLUGIN_OPTIONS_META";
-/// The only layout version defined so far.
-pub const VERSION: u32 = 1;
-/// An upper bound on `count`, against garbage.
-pub const MAX_COUNT: u32 = 256;
-
-/// `struct cr_plugin_option_meta`.
-#[repr(C)]
-#[derive(Debug)]
-pub struct CrPluginOptionMeta {
-    /// Option name without the plugin prefix.
-    pub name: *const c_char,
-    /// Value syntax; NULL for a bare flag.
-    pub value_syntax: *const c_char,
-    /// Default value; NULL when none.
-    pub default_value: *const c_char,
-    /// One-line help; may be NULL.
-    pub help: *const c_char,
-}
-
-/// `struct cr_plugin_options_meta`.
-#[repr(C)]
-#[derive(Debug)]
-pub struct CrPluginOptionsMeta {
-    /// [`VERSION`].
-    pub version: u32,
-    /// Number of entries.
-    pub count: u32,
-    /// The entries.
-    pub options: *const CrPluginOptionMeta,
-}
-
-const _: () = {
-    use std::mem::{offset_of, size_of};
-    assert!(size_of::<CrPluginOptionMeta>() == 32);
-    assert!(offset_of!(CrPluginOptionMeta, help) == 24);
-    assert!(size_of::<CrPluginOptionsMeta>() == 16);
-    assert!(offset_of!(CrPluginOptionsMeta, options) == 8);
+pub use abi::criu::options_meta::{
+    CrPluginOptionMeta, CrPluginOptionsMeta, MAX_COUNT, SYMBOL, VERSION,
 };
 
 /// One option as read from a plugin.

@@ -147,6 +147,44 @@ pub enum OptionError {
     },
 }
 
+/// One option as published in the plugin's option metadata (`CR_PLUGIN_OPTIONS_META`).
+#[derive(Debug, Clone, Copy)]
+pub struct OptionDoc {
+    pub name: &'static std::ffi::CStr,
+    pub value_syntax: &'static std::ffi::CStr,
+    /// `None`: no fixed default.
+    pub default_value: Option<&'static std::ffi::CStr>,
+    pub help: &'static std::ffi::CStr,
+}
+
+/// Every option, for tools that list plugin options without loading the plugin's `init`.
+pub const DOCS: [OptionDoc; 4] = [
+    OptionDoc {
+        name: c"backend",
+        value_syntax: c"auto|driver-api|cuda-checkpoint",
+        default_value: Some(c"auto"),
+        help: c"checkpoint backend: libcuda's cuCheckpointProcess* API (CUDA 13.0+ drivers) or the cuda-checkpoint utility (r555+); auto prefers the API and falls back only when it is unsupported",
+    },
+    OptionDoc {
+        name: c"device-map",
+        value_syntax: c"auto|GPU-old=GPU-new,...|old=new,...",
+        default_value: None,
+        help: c"restore only: GPUs to restore onto, by UUID (unique prefixes allowed) or ordinal; without it, auto when the GPUs differ from the dump's",
+    },
+    OptionDoc {
+        name: c"timeout",
+        value_syntax: c"SECONDS",
+        default_value: Some(c"CRIU's --timeout (10)"),
+        help: c"limit for each driver call or cuda-checkpoint run; 0 = none",
+    },
+    OptionDoc {
+        name: c"cuda-checkpoint",
+        value_syntax: c"PATH",
+        default_value: Some(c"cuda-checkpoint found in PATH"),
+        help: c"the cuda-checkpoint utility to run",
+    },
+];
+
 const TIMEOUT_ALLOWED: &str = "whole seconds from 0 to 4294967295, 0 = no timeout";
 const PATH_ALLOWED: &str = "a non-empty file path";
 const DEVICE_MAP_ALLOWED: &str =
@@ -419,5 +457,22 @@ mod tests {
                 prop_assert!(r.is_err());
             }
         }
+    }
+
+    #[test]
+    fn published_option_metadata_names_exactly_the_parsed_options() {
+        let samples = ["auto", "0=0", "5", "/bin/true"];
+        for (doc, value) in DOCS.iter().zip(samples) {
+            let name = doc.name.to_str().unwrap();
+            let arg = format!("--cuda_plugin.{name}={value}");
+            assert!(
+                parse([arg.as_str()]).is_ok(),
+                "{arg} is documented but rejected"
+            );
+        }
+        assert!(matches!(
+            parse(["--cuda_plugin.undocumented=1"]),
+            Err(OptionError::Unknown { .. })
+        ));
     }
 }

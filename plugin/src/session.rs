@@ -32,10 +32,8 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::time::Duration;
 
-/// CRIU's fault number that forces the CUDA plugin on without a GPU.
-pub const FI_PLUGIN_CUDA_FORCE_ENABLE: i32 = 138;
-/// CRIU's `TASK_ALIVE` (`opts.final_state` with `--leave-running`).
-pub const TASK_ALIVE: i32 = 1;
+use abi::criu::fault::PLUGIN_CUDA_FORCE_ENABLE as FI_PLUGIN_CUDA_FORCE_ENABLE;
+use abi::criu::opts::TASK_ALIVE;
 
 /// Facts gathered before deciding.
 #[derive(Debug, Clone)]

@@ -39,14 +39,9 @@ type GetOptionsFn = unsafe extern "C" fn(*mut c_int, *mut *mut *mut c_char) -> c
 type VoidFn = unsafe extern "C" fn();
 type StreamerOpenFn = unsafe extern "C" fn(*mut c_char, c_int) -> c_int;
 
-/// `RTLD_DL_SYMENT` from `<dlfcn.h>` (not in the libc crate).
-const RTLD_DL_SYMENT: c_int = 1;
-/// Offsets in `struct cr_options` that are stable from 4.1.1 to the development line (x86_64).
-const OPTS_FINAL_STATE: usize = 0;
-const OPTS_TIMEOUT: usize = 0x160;
-/// `O_DUMP` of CRIU's image code: `img_streamer_open` insists on exactly this for writing.
-const STREAMER_O_DUMP: c_int = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC;
-const STREAMER_O_RSTR: c_int = libc::O_RDONLY;
+use abi::criu::opts::{FINAL_STATE as OPTS_FINAL_STATE, TIMEOUT as OPTS_TIMEOUT};
+use abi::criu::streamer::{O_DUMP as STREAMER_O_DUMP, O_RSTR as STREAMER_O_RSTR};
+use abi::criu::RTLD_DL_SYMENT;
 
 /// The address of CRIU's global `name`, or `None`.
 fn lookup(name: &CStr) -> Option<NonNull<c_void>> {

@@ -26,6 +26,7 @@ use crate::hooks::{self, MaxHooks};
 use crate::host::Level;
 use crate::select::Selected;
 use crate::session::{self, InitContext, InitServices, InventoryAnswer, Start};
+use abi::criu::options_meta::{self, CrPluginOptionMeta, CrPluginOptionsMeta};
 use abi::criu::{CrPluginDesc, Hook, Stage, CRIU_PLUGIN_VERSION, HOOK_COUNT_BUILD};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, OsStr};
@@ -53,6 +54,35 @@ const fn hook_table() -> [*mut c_void; HOOK_COUNT_BUILD] {
     h[Hook::DUMP_FINISH.0] = dump_finish as extern "C" fn(c_int) -> c_int as *mut c_void;
     h
 }
+
+const fn option_meta(i: usize) -> CrPluginOptionMeta {
+    let d = crate::options::DOCS[i];
+    CrPluginOptionMeta {
+        name: d.name.as_ptr(),
+        value_syntax: d.value_syntax.as_ptr(),
+        default_value: match d.default_value {
+            Some(v) => v.as_ptr(),
+            None => std::ptr::null(),
+        },
+        help: d.help.as_ptr(),
+    }
+}
+
+static OPTION_META: [CrPluginOptionMeta; crate::options::DOCS.len()] = [
+    option_meta(0),
+    option_meta(1),
+    option_meta(2),
+    option_meta(3),
+];
+
+/// `CR_PLUGIN_OPTIONS_META`: the plugin's options, for tools that list them without calling
+/// `init` (`harness plugins`; see `docs/plugin-interface.md`).
+#[unsafe(no_mangle)]
+pub static CR_PLUGIN_OPTIONS_META: CrPluginOptionsMeta = CrPluginOptionsMeta {
+    version: options_meta::VERSION,
+    count: OPTION_META.len() as u32,
+    options: OPTION_META.as_ptr(),
+};
 
 /// `CR_PLUGIN_DESC`, read by CRIU's loader with `dlsym`.
 #[unsafe(no_mangle)]
