@@ -15,12 +15,14 @@
 //! | Module | Role |
 //! |---|---|
 //! | [`ffi`] | **All** `unsafe` code: the descriptor, the constructor and the `extern "C"` entry points with their panic guard; CRIU's services; the driver library; ptrace; the child-process descriptor hygiene. |
-//! | [`session`] | What `init(stage)` decides: disabled or enabled, with which backend ([`select`]) and settings ([`options`], [`device_map`]). |
+//! | [`session`] | What `init(stage)` decides: disabled or enabled, with which backend ([`select`]) and settings ([`options`], [`gpu_map`]). |
 //! | [`engine`] | The per-task lifecycle: PAUSE, CHECKPOINT, DUMP_FINISH/exit rollback, RESUME. |
 //! | [`backend`] | The [`backend::Backend`] trait and its two implementations. |
 //! | [`thread`] | The [`thread::ThreadControl`] seam: running only the restore thread of a stopped task. |
 //! | [`host`] | The [`host::Host`] seam: CRIU's logging, inventory and image files. |
 //! | [`image`] | The per-task image written at dump and read at restore. |
+//! | [`inventory`] | The GPU inventory image: the GPUs the dump saw. |
+//! | [`gpu_map`] | `device-map`: the grammar, and its resolution against the inventory and this host's GPUs. |
 //! | [`error`] | The top-level error and its single translation to a negative errno. |
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
 //!
