@@ -82,6 +82,9 @@ pub struct Runtime {
     saved: Mutex<Vec<SavedAlloc>>,
     gpu_handle: Mutex<Option<OwnedFd>>,
     restore_tid: OnceLock<i32>,
+    /// The world's entry as it was when this process was checkpointed: a process restored from
+    /// the same images again (after the world forgot it) announces itself with it.
+    checkpoint_entry: Mutex<Option<crate::world::state::ProcessEntry>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -126,6 +129,7 @@ pub fn ensure_registered(
         saved: Mutex::new(Vec::new()),
         gpu_handle: Mutex::new(crate::ffi::sys::open_gpu_handle()),
         restore_tid: OnceLock::new(),
+        checkpoint_entry: Mutex::new(None),
     });
     let mailbox = world.mailbox_dir(pid);
     let _ = std::fs::remove_dir_all(&mailbox);
@@ -211,11 +215,18 @@ impl Runtime {
     fn restore_thread_loop(&self) {
         let dir = self.world.mailbox_dir(self.pid);
         let req_path = dir.join("req.json");
+        let mut polls = 0u32;
         loop {
             std::thread::sleep(POLL);
+            polls = polls.wrapping_add(1);
+            if polls % 16 == 0 {
+                self.announce();
+            }
             let Some(req) = take_request(&req_path) else {
                 continue;
             };
+            // A process restored from images may not be known as checkpointed yet.
+            self.announce();
             let result = self.execute(&req.op);
             let resp = Response {
                 id: req.id,
@@ -224,6 +235,40 @@ impl Runtime {
             let text = serde_json::to_vec(&resp).expect("response serialises");
             let _ = crate::world::write_atomic(&dir.join("resp.json"), &text);
         }
+    }
+
+    /// A checkpointed process the world does not know as checkpointed (restored from images
+    /// whose first restore has since died) registers again, as the driver learns of a restored
+    /// process from the process itself. Runs on the restore thread, like every state change,
+    /// so it never races one.
+    fn announce(&self) {
+        let checkpointed = self.gate.lock().unwrap_or_else(|p| p.into_inner()).state
+            == CUprocessState::CHECKPOINTED;
+        if !checkpointed {
+            return;
+        }
+        let Some(mut entry) = self
+            .checkpoint_entry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        entry.restore_tid = self.restore_tid();
+        let world = self.world();
+        let pid = self.pid;
+        let _ = std::fs::create_dir_all(world.mailbox_dir(pid));
+        // The world may still hold the dead incarnation of a process restored twice from the
+        // same images (RUNNING or LOCKED): what this process holds wins. FAILED is kept.
+        let _ = world.update(|st| {
+            let stale = st.processes.get(&pid).is_none_or(|e| {
+                matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
+            });
+            if stale {
+                st.processes.insert(pid, entry);
+            }
+        });
     }
 
     fn set_state(&self, g: &mut Gate, state: CUprocessState) -> CUresult {
@@ -361,6 +406,17 @@ impl Runtime {
         for a in &allocations {
             let _ = std::fs::remove_file(world.devmem_path(pid, a.id));
         }
+        let mut entry = world
+            .read_state()
+            .ok()
+            .and_then(|s| s.processes.get(&pid).cloned());
+        if let Some(e) = entry.as_mut() {
+            e.state = CUprocessState::CHECKPOINTED.0;
+        }
+        *self
+            .checkpoint_entry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = entry;
         *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = saved;
         *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())

@@ -91,6 +91,8 @@ struct Case {
     cuda: Vec<i32>,
     dumps: Vec<f64>,
     restores: Vec<f64>,
+    /// Run CRIU with `CRIU_CUDA_FORCE_ENABLE=1` (there is no NVIDIA GPU here).
+    force_enable: bool,
 }
 
 impl Case {
@@ -145,6 +147,7 @@ impl Case {
             cuda: Vec::new(),
             dumps: Vec::new(),
             restores: Vec::new(),
+            force_enable: true,
         })
     }
 
@@ -230,8 +233,12 @@ impl Case {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
-            .env("CRIU_CUDA_FORCE_ENABLE", "1")
             .env("CRIU_PLUGIN_OPTIONS", &self.options);
+        if self.force_enable {
+            cmd.env("CRIU_CUDA_FORCE_ENABLE", "1");
+        } else {
+            cmd.env_remove("CRIU_CUDA_FORCE_ENABLE");
+        }
         let path = std::env::var_os("PATH").unwrap_or_default();
         let mut new_path = self.bindir.clone().into_os_string();
         new_path.push(":");
@@ -459,6 +466,144 @@ fn dump_restore(c: &mut Case) -> R {
     c.expect_ok("restore", &r)?;
     c.check_running()?;
     c.verify_data()?;
+    c.teardown()
+}
+
+/// A second dump of a restored tree, and its restore.
+fn cycles(c: &mut Case) -> R {
+    spawn_tree3(c)?;
+    for round in 1..=2 {
+        let img = format!("img{round}");
+        let d = c.dump(&img, false)?;
+        c.expect_ok(&format!("dump {round}"), &d)?;
+        c.wait_tree_gone()?;
+        let r = c.restore(&img)?;
+        c.expect_ok(&format!("restore {round}"), &r)?;
+        c.check_running()?;
+        c.verify_data()?;
+    }
+    c.teardown()
+}
+
+/// The same images restored twice (the first restored tree is killed in between): the GPU
+/// state lives in the images, so both restores bring the data back.
+fn restore_twice(c: &mut Case) -> R {
+    spawn_tree3(c)?;
+    let d = c.dump("img", false)?;
+    c.expect_ok("dump", &d)?;
+    c.wait_tree_gone()?;
+    for round in 1..=2 {
+        let r = c.restore("img")?;
+        c.expect_ok(&format!("restore {round}"), &r)?;
+        c.check_running()?;
+        c.verify_data()?;
+        c.teardown()?;
+        c.wait_tree_gone()?;
+    }
+    Ok(())
+}
+
+/// A C plugin that records every device hook it gets and declines each (-ENOTSUP).
+const OTHER_PLUGIN_C: &str = r#"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+struct desc { const char *name; int (*init)(int); void (*exit)(int, int); unsigned version, max_hooks; void *hooks[12]; };
+static void note(const char *hook, int pid) {
+    const char *path = getenv("OTHER_PLUGIN_LOG");
+    FILE *f = path ? fopen(path, "a") : NULL;
+    if (f) { fprintf(f, "%s %d\n", hook, pid); fclose(f); }
+}
+static int init(int stage) { note("INIT", stage); return 0; }
+static void fini(int stage, int ret) { note("EXIT", ret); }
+static int resume(int pid) { note("RESUME_DEVICES_LATE", pid); return -ENOTSUP; }
+static int pause_devices(int pid) { note("PAUSE_DEVICES", pid); return -ENOTSUP; }
+static int checkpoint(int pid) { note("CHECKPOINT_DEVICES", pid); return -ENOTSUP; }
+struct desc CR_PLUGIN_DESC = { "other_probe", init, fini, 0x200, 12,
+    { 0, 0, 0, 0, 0, 0, 0, 0, 0, (void *)resume, (void *)pause_devices, (void *)checkpoint } };
+"#;
+
+/// Another plugin in the same libdir: whichever comes first in directory order, a task the CUDA
+/// plugin does not claim (-ENOTSUP) reaches the other plugin at every device hook, and the CUDA
+/// tasks still dump and restore with their data.
+fn other_plugin(c: &mut Case) -> R {
+    let src = c.path.join("other.c");
+    std::fs::write(&src, OTHER_PLUGIN_C).map_err(|e| e.to_string())?;
+    let so = c.libdir.join("other_probe.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("running {cc}: {e}"))?;
+    ensure!(
+        out.status.success(),
+        "compiling the other plugin: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = c.path.join("other.log");
+    std::env::set_var("OTHER_PLUGIN_LOG", &log);
+    spawn_tree3(c)?;
+    dump_restore_once(c)?;
+    let seen = read(&log);
+    let cpu_only = c.pids[1];
+    for hook in ["PAUSE_DEVICES", "CHECKPOINT_DEVICES", "RESUME_DEVICES_LATE"] {
+        ensure!(
+            seen.lines().any(|l| l == format!("{hook} {cpu_only}")),
+            "the other plugin never got {hook} for the CPU-only task {cpu_only}:\n{seen}"
+        );
+    }
+    c.teardown()
+}
+
+fn dump_restore_once(c: &mut Case) -> R {
+    let d = c.dump("img", false)?;
+    c.expect_ok("dump", &d)?;
+    c.wait_tree_gone()?;
+    let r = c.restore("img")?;
+    c.expect_ok("restore", &r)?;
+    c.check_running()?;
+    c.verify_data()
+}
+
+/// An ordinary dump of processes without CUDA, with the plugin installed on a machine without
+/// an NVIDIA GPU: the plugin disables itself at init, so nothing probes the driver or runs
+/// `cuda-checkpoint`, and the tree dumps and restores as without it.
+fn non_cuda_unaffected(c: &mut Case) -> R {
+    c.force_enable = false;
+    c.spawn_tree(
+        &[
+            "--cpu-only",
+            "--children",
+            "2",
+            "--child-args",
+            "--cpu-only",
+        ],
+        3,
+    )?;
+    ensure!(
+        c.cuda.is_empty(),
+        "expected a tree without CUDA: {:?}",
+        c.cuda
+    );
+    let d = c.dump("img", false)?;
+    c.expect_ok("dump", &d)?;
+    ensure!(
+        d.log.contains("cuda_plugin: disabled") || d.log.contains("no NVIDIA GPU"),
+        "the plugin did not say it is disabled:\n{}",
+        tail(&d.log, 30)
+    );
+    c.wait_tree_gone()?;
+    let r = c.restore("img")?;
+    c.expect_ok("restore", &r)?;
+    c.check_running()?;
+    c.verify_data()?;
+    let trace = read(&c.world.join("trace.log"));
+    ensure!(
+        trace.is_empty(),
+        "no driver call at all is expected (the workload has no CUDA either):\n{trace}"
+    );
     c.teardown()
 }
 
@@ -736,6 +881,29 @@ fn trials(criu_list: &[Criu]) -> Vec<Trial> {
                     leave_running,
                 )
             }));
+            for (case, body) in [
+                ("cycles", cycles as fn(&mut Case) -> R),
+                ("restore-twice", restore_twice),
+                ("other-plugin", other_plugin),
+            ] {
+                let cr = criu.clone();
+                out.push(Trial::test(name(case), move || {
+                    run_case(cr, backend, case.into(), String::new(), "", body)
+                }));
+            }
+            if backend == "driver-api" {
+                let cr = criu.clone();
+                out.push(Trial::test(name("non-cuda-tree-unaffected"), move || {
+                    run_case(
+                        cr,
+                        backend,
+                        "non-cuda-tree-unaffected".into(),
+                        String::new(),
+                        "",
+                        non_cuda_unaffected,
+                    )
+                }));
+            }
             for n in [1usize, 8, 32] {
                 let cr = criu.clone();
                 let case = format!("exec-counts-n{n}");
