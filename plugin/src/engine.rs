@@ -369,6 +369,12 @@ impl Engine {
         } else {
             "the tasks stay running"
         };
+        // A deliberately broken build (`--cfg criu_cuda_mutant="skip-rollback"`), only for
+        // checking that the scenario corpus catches a plugin that skips its rollback.
+        if cfg!(criu_cuda_mutant = "skip-rollback") {
+            self.log(Level::Warn, &format!("MUTANT: rollback skipped ({why})"));
+            return Ok(());
+        }
         if self
             .tasks
             .iter()
