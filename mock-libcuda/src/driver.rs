@@ -555,7 +555,10 @@ pub fn get_restore_tid(pid: i32) -> R<i32> {
         &target_args(pid),
         || {
             let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
-            Ok(lookup(&w, tgid)?.restore_tid)
+            match lookup(&w, tgid) {
+                Ok(e) => Ok(e.restore_tid),
+                Err(e) => crate::ffi::sys::find_restore_thread(tgid).ok_or(e),
+            }
         },
     )
 }
@@ -584,7 +587,14 @@ fn request_deadline(w: &World) -> Instant {
 /// suits its state is the target's decision (its restore thread answers ILLEGAL_STATE): the
 /// world's record can lag behind a process restored from images until its thread runs.
 fn known(w: &World, tgid: i32) -> R<()> {
-    lookup(w, tgid).map(|_| ())
+    match lookup(w, tgid) {
+        Ok(_) => Ok(()),
+        // A process restored from images the world has forgotten: its restore thread will
+        // announce it when it takes the request.
+        Err(e) => crate::ffi::sys::find_restore_thread(tgid)
+            .map(|_| ())
+            .ok_or(e),
+    }
 }
 
 /// `cuCheckpointProcessLock`.

@@ -24,7 +24,9 @@ use abi::{CUprocessState, CUresult, GpuUuid};
 use serde::{Deserialize, Serialize};
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How often the restore thread looks at its mailbox.
@@ -61,12 +63,26 @@ pub struct Response {
     pub result: u32,
 }
 
+/// The API gate, lock-free: workload threads are stopped by CRIU at arbitrary points, and the
+/// restore thread must never wait for a lock one of them holds. Waiters poll (they only wait
+/// while the process is locked or checkpointed).
 struct Gate {
-    state: CUprocessState,
+    /// `CUprocessState` value.
+    state: AtomicU32,
     /// A lock is waiting for the calls in flight: no new call may enter.
-    locking: bool,
-    active: u32,
+    locking: AtomicBool,
+    /// Workload calls inside the gate.
+    active: AtomicU32,
 }
+
+impl Gate {
+    fn state(&self) -> CUprocessState {
+        CUprocessState(self.state.load(SeqCst))
+    }
+}
+
+/// How long a waiter on the gate sleeps between looks.
+const GATE_POLL: Duration = Duration::from_micros(200);
 
 struct SavedAlloc {
     alloc: Allocation,
@@ -77,11 +93,12 @@ struct SavedAlloc {
 pub struct Runtime {
     world: Arc<World>,
     pid: i32,
-    gate: Mutex<Gate>,
-    cv: Condvar,
+    gate: Gate,
     saved: Mutex<Vec<SavedAlloc>>,
     gpu_handle: Mutex<Option<OwnedFd>>,
     restore_tid: OnceLock<i32>,
+    /// The world as the restore thread last read it, with its config's modification time.
+    current: Mutex<(Arc<World>, Option<std::time::SystemTime>)>,
     /// The world's entry as it was when this process was checkpointed: a process restored from
     /// the same images again (after the world forgot it) announces itself with it.
     checkpoint_entry: Mutex<Option<crate::world::state::ProcessEntry>>,
@@ -120,16 +137,21 @@ pub fn ensure_registered(
     let rt = Arc::new(Runtime {
         world: Arc::clone(world),
         pid,
-        gate: Mutex::new(Gate {
-            state: CUprocessState::RUNNING,
-            locking: false,
-            active: 0,
-        }),
-        cv: Condvar::new(),
+        gate: Gate {
+            state: AtomicU32::new(CUprocessState::RUNNING.0),
+            locking: AtomicBool::new(false),
+            active: AtomicU32::new(0),
+        },
         saved: Mutex::new(Vec::new()),
         gpu_handle: Mutex::new(crate::ffi::sys::open_gpu_handle()),
         restore_tid: OnceLock::new(),
         checkpoint_entry: Mutex::new(None),
+        current: Mutex::new((
+            Arc::clone(world),
+            std::fs::metadata(world.dir().join("world.toml"))
+                .and_then(|m| m.modified())
+                .ok(),
+        )),
     });
     let mailbox = world.mailbox_dir(pid);
     let _ = std::fs::remove_dir_all(&mailbox);
@@ -176,9 +198,7 @@ pub struct Entered<'a>(&'a Runtime);
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        let mut g = self.0.gate.lock().unwrap_or_else(|p| p.into_inner());
-        g.active -= 1;
-        self.0.cv.notify_all();
+        self.0.gate.active.fetch_sub(1, SeqCst);
     }
 }
 
@@ -186,24 +206,42 @@ impl Runtime {
     /// Enters the API gate for a workload call: blocks while the process is locked or
     /// checkpointed (as the driver blocks CUDA calls of a locked process); fails in FAILED.
     pub fn enter(&self) -> Result<Entered<'_>, CUresult> {
-        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let g = &self.gate;
+        let open = || g.state() == CUprocessState::RUNNING && !g.locking.load(SeqCst);
         loop {
-            if g.state == CUprocessState::FAILED {
+            if g.state() == CUprocessState::FAILED {
                 return Err(CUresult::ERROR_ILLEGAL_STATE);
             }
-            if g.state == CUprocessState::RUNNING && !g.locking {
-                break;
+            if open() {
+                // Announce, then check again: a lock that started in between sees us in
+                // `active` and waits, or we see its `locking` and back off (SeqCst both sides).
+                g.active.fetch_add(1, SeqCst);
+                if open() {
+                    return Ok(Entered(self));
+                }
+                g.active.fetch_sub(1, SeqCst);
             }
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            std::thread::sleep(GATE_POLL);
         }
-        g.active += 1;
-        Ok(Entered(self))
     }
 
     /// The world as it is now (re-read when its config changed, e.g. restored on "another
     /// host"), or the one the process registered in.
+    ///
+    /// Only the restore thread calls this, and it shares no lock with workload threads (which
+    /// CRIU may freeze holding one): it re-reads the config itself instead of going through
+    /// the process-wide cache.
     fn world(&self) -> Arc<World> {
-        World::from_env().unwrap_or_else(|_| Arc::clone(&self.world))
+        let mut w = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = std::fs::metadata(w.0.dir().join("world.toml"))
+            .and_then(|m| m.modified())
+            .ok();
+        if stamp != w.1 {
+            if let Ok(fresh) = World::open(w.0.dir()) {
+                *w = (Arc::new(fresh), stamp);
+            }
+        }
+        Arc::clone(&w.0)
     }
 
     /// The restore thread's TID.
@@ -215,13 +253,11 @@ impl Runtime {
     fn restore_thread_loop(&self) {
         let dir = self.world.mailbox_dir(self.pid);
         let req_path = dir.join("req.json");
-        let mut polls = 0u32;
         loop {
+            // Nothing but the mailbox is touched while idle: this thread is stopped (by CRIU,
+            // by SIGSTOP) at arbitrary points, and must never be stopped holding the world's
+            // lock or a file lock CRIU would refuse to dump.
             std::thread::sleep(POLL);
-            polls = polls.wrapping_add(1);
-            if polls % 16 == 0 {
-                self.announce();
-            }
             let Some(req) = take_request(&req_path) else {
                 continue;
             };
@@ -242,8 +278,7 @@ impl Runtime {
     /// process from the process itself. Runs on the restore thread, like every state change,
     /// so it never races one.
     fn announce(&self) {
-        let checkpointed = self.gate.lock().unwrap_or_else(|p| p.into_inner()).state
-            == CUprocessState::CHECKPOINTED;
+        let checkpointed = self.gate.state() == CUprocessState::CHECKPOINTED;
         if !checkpointed {
             return;
         }
@@ -271,15 +306,14 @@ impl Runtime {
         });
     }
 
-    fn set_state(&self, g: &mut Gate, state: CUprocessState) -> CUresult {
-        g.state = state;
+    fn set_state(&self, state: CUprocessState) -> CUresult {
+        self.gate.state.store(state.0, SeqCst);
         let pid = self.pid;
         let r = self.world().update(|st| {
             if let Some(e) = st.processes.get_mut(&pid) {
                 e.state = state.0;
             }
         });
-        self.cv.notify_all();
         if r.is_ok() {
             CUresult::SUCCESS
         } else {
@@ -289,60 +323,50 @@ impl Runtime {
 
     /// Carries one operation out, inside the target, on the restore thread.
     fn execute(&self, op: &Op) -> CUresult {
-        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let g = &self.gate;
         match op {
-            Op::Fail => self.set_state(&mut g, CUprocessState::FAILED),
+            Op::Fail => self.set_state(CUprocessState::FAILED),
             Op::Lock { timeout_ms } => {
-                if g.state != CUprocessState::RUNNING || g.locking {
+                if g.state() != CUprocessState::RUNNING || g.locking.load(SeqCst) {
                     return CUresult::ERROR_ILLEGAL_STATE;
                 }
-                g.locking = true;
+                g.locking.store(true, SeqCst);
                 let deadline = (*timeout_ms > 0)
                     .then(|| Instant::now() + Duration::from_millis(u64::from(*timeout_ms)));
-                while g.active > 0 {
-                    match deadline {
-                        None => g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
-                        Some(d) => {
-                            let now = Instant::now();
-                            if now >= d {
-                                g.locking = false;
-                                self.cv.notify_all();
-                                return CUresult::ERROR_NOT_READY;
-                            }
-                            g = self
-                                .cv
-                                .wait_timeout(g, d - now)
-                                .unwrap_or_else(|p| p.into_inner())
-                                .0;
-                        }
+                while g.active.load(SeqCst) > 0 {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        g.locking.store(false, SeqCst);
+                        return CUresult::ERROR_NOT_READY;
                     }
+                    std::thread::sleep(GATE_POLL);
                 }
-                g.locking = false;
-                self.set_state(&mut g, CUprocessState::LOCKED)
+                let r = self.set_state(CUprocessState::LOCKED);
+                g.locking.store(false, SeqCst);
+                r
             }
             Op::Unlock => {
-                if g.state != CUprocessState::LOCKED {
+                if g.state() != CUprocessState::LOCKED {
                     return CUresult::ERROR_ILLEGAL_STATE;
                 }
-                self.set_state(&mut g, CUprocessState::RUNNING)
+                self.set_state(CUprocessState::RUNNING)
             }
             Op::Checkpoint => {
-                if g.state != CUprocessState::LOCKED {
+                if g.state() != CUprocessState::LOCKED {
                     return CUresult::ERROR_ILLEGAL_STATE;
                 }
                 match self.checkpoint_memory() {
-                    Ok(()) => self.set_state(&mut g, CUprocessState::CHECKPOINTED),
+                    Ok(()) => self.set_state(CUprocessState::CHECKPOINTED),
                     Err(code) => code,
                 }
             }
             Op::Restore { pairs } => {
-                if g.state != CUprocessState::CHECKPOINTED {
+                if g.state() != CUprocessState::CHECKPOINTED {
                     return CUresult::ERROR_ILLEGAL_STATE;
                 }
                 let pairs: Vec<(GpuUuid, GpuUuid)> =
                     pairs.iter().map(|(a, b)| (a.0, b.0)).collect();
                 match self.restore_memory(&pairs) {
-                    Ok(()) => self.set_state(&mut g, CUprocessState::LOCKED),
+                    Ok(()) => self.set_state(CUprocessState::LOCKED),
                     Err(code) => code,
                 }
             }
@@ -509,14 +533,12 @@ pub fn resolve_restore_map(
         let Some(new_gpu) = world.config().gpu(*new) else {
             return Err(CUresult::ERROR_INVALID_VALUE);
         };
-        let old_chip = checkpointed
-            .iter()
-            .find(|c| c.uuid.0 == *old)
-            .map(|c| c.chip.clone())
-            .or_else(|| chip_of(world, *old));
-        match old_chip {
-            Some(chip) if chip == new_gpu.chip => {}
-            _ => return Err(CUresult::ERROR_INVALID_VALUE),
+        // A pair for a GPU this process holds no state of (callers pass one map for a whole
+        // tree, or every visible GPU) only needs a valid target.
+        if let Some(c) = checkpointed.iter().find(|c| c.uuid.0 == *old) {
+            if c.chip != new_gpu.chip {
+                return Err(CUresult::ERROR_INVALID_VALUE);
+            }
         }
     }
     if checkpointed

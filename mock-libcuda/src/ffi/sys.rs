@@ -71,6 +71,15 @@ pub fn has_restore_thread(pid: i32, tid: i32) -> bool {
             .is_ok_and(|c| c.starts_with("cuda") && !c.starts_with("cuda-"))
 }
 
+/// The restore thread of `pid`, found by its name, when the process has one.
+#[must_use]
+pub fn find_restore_thread(pid: i32) -> Option<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&tid| has_restore_thread(pid, tid))
+}
+
 /// Kills `pid` with SIGKILL and waits (bounded) until it is gone or a zombie.
 pub fn kill_and_wait(pid: i32, limit: Duration) {
     let _ = nix::sys::signal::kill(

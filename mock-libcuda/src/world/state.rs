@@ -1,5 +1,6 @@
 //! Runtime state of a world (`state.json`): one entry per CUDA process, updated atomically
-//! under an exclusive `flock(2)` on `state.lock`. The file carries a format tag and version; a
+//! (read-modify-write under an exclusive `flock(2)` on `state.lock`, then a rename; readers take
+//! no lock). The file carries a format tag and version; a
 //! corrupt or foreign file is an error naming the file, never silently replaced.
 
 use super::config::GpuUuidText;
@@ -151,9 +152,10 @@ impl World {
         Ok(r)
     }
 
-    /// A consistent snapshot of the state.
+    /// A consistent snapshot of the state. Takes no lock: writers replace the file atomically
+    /// (write, then rename), so a reader sees one whole version. Workloads read the state from
+    /// threads that CRIU may freeze at any point; a reader must never hold the world's lock.
     pub fn read_state(&self) -> Result<StateFile, WorldError> {
-        let _guard = self.lock_state()?;
         StateFile::load(&self.state_path())
     }
 

@@ -138,7 +138,9 @@ fn report(args: &Args, line: &str) {
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "{line}");
+            // One write(2) per line on an O_APPEND file: lines of concurrent workloads sharing
+            // the report never interleave (writeln! would write the newline separately).
+            let _ = f.write_all(format!("{line}\n").as_bytes());
         }
     }
 }
