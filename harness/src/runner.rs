@@ -5,7 +5,9 @@
 //! tasks installed with `mock-world configure` once the workload runs), a plugin directory
 //! (`cuda_plugin.so`, test plugins compiled from `tests/support/testplugin.c`), the workload
 //! tree (one `mock-cuda-app` per task, each started by its parent's shell before it `exec`s, in
-//! its own session), and the steps, each a `harness` engine process or a real `criu`.
+//! its own session), and the steps, each a `harness` engine process or a real `criu`, or done by
+//! the harness itself: `mock-world configure` (the world becomes another host), removing or
+//! rewriting an image (a file of the image directory, or an entry of the stream file).
 //!
 //! The transcript of each step holds the engine's hook trace, the mock driver's call trace
 //! (calls of the engine/CRIU process and of `cuda-checkpoint` runs; the workload's own calls are
@@ -24,7 +26,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
-use crate::scenario::{Action, EngineKind, Outcome, PluginKind, Scenario, TaskState};
+use crate::scenario::{Action, EngineKind, Outcome, PluginKind, Scenario, Step, TaskState};
 
 /// Where the executables and libraries a scenario needs live.
 #[derive(Debug, Clone)]
@@ -390,7 +392,12 @@ impl Exec<'_> {
     }
 
     fn world_table(&self, with_faults: bool) -> Result<toml::Table, String> {
-        let mut t = self.s.world.clone().unwrap_or_default();
+        self.complete_world(self.s.world.clone().unwrap_or_default(), with_faults)
+    }
+
+    /// `t` with `schema = 1` and the default GPU added when absent; faults dropped, or kept with
+    /// task names turned into pids.
+    fn complete_world(&self, mut t: toml::Table, with_faults: bool) -> Result<toml::Table, String> {
         t.entry("schema").or_insert(toml::Value::Integer(1));
         if !t.contains_key("gpu") {
             let g: toml::Table = toml::from_str(DEFAULT_GPU).map_err(|e| e.to_string())?;
@@ -454,10 +461,26 @@ impl Exec<'_> {
         Ok(())
     }
 
+    fn configure_world(&self, cfg: &Path, t: &toml::Table) -> Result<(), String> {
+        let w = self.world.clone().ok_or("no mock world")?;
+        std::fs::write(cfg, t.to_string()).map_err(|e| e.to_string())?;
+        self.sh(
+            Command::new(&self.art.mock_world)
+                .arg("configure")
+                .arg(&w)
+                .arg("--config")
+                .arg(cfg)
+                .arg("--lib")
+                .arg(&self.art.mock_lib),
+            "mock-world configure",
+        )?;
+        Ok(())
+    }
+
     fn install_faults(&mut self) -> Result<(), String> {
-        let Some(w) = self.world.clone() else {
+        if self.world.is_none() {
             return Ok(());
-        };
+        }
         if !self
             .s
             .world
@@ -468,18 +491,7 @@ impl Exec<'_> {
         }
         let cfg = self.dir.join("world-faults.toml");
         let t = self.world_table(true)?;
-        std::fs::write(&cfg, t.to_string()).map_err(|e| e.to_string())?;
-        self.sh(
-            Command::new(&self.art.mock_world)
-                .arg("configure")
-                .arg(&w)
-                .arg("--config")
-                .arg(&cfg)
-                .arg("--lib")
-                .arg(&self.art.mock_lib),
-            "mock-world configure",
-        )?;
-        Ok(())
+        self.configure_world(&cfg, &t)
     }
 
     fn install_plugins(&mut self, lib: &Path) -> Result<(), String> {
@@ -566,7 +578,12 @@ impl Exec<'_> {
         let tasks = self.s.workload.tasks.clone();
         self.spawn_tree(&|i| {
             let t = &tasks[i];
-            let mut line = format!(
+            let mut line = String::new();
+            for (k, v) in &t.env {
+                let _ = write!(line, "export {k}='{}'; ", v.replace('\'', "'\\''"));
+            }
+            let _ = write!(
+                line,
                 "exec {app} --report {dir}/report{i} --threads {}",
                 t.threads
             );
@@ -604,6 +621,25 @@ impl Exec<'_> {
                 }
                 std::thread::sleep(Duration::from_millis(10));
             };
+            if let Some(want) = self.s.expect.start_gpus.get(&t.name) {
+                let text = std::fs::read_to_string(&report).unwrap_or_default();
+                let got: Vec<&str> = text
+                    .lines()
+                    .find(|l| l.starts_with("READY "))
+                    .and_then(|l| field(l, "gpus"))
+                    .map(|g| g.split(',').filter(|u| !u.is_empty()).collect())
+                    .unwrap_or_default();
+                if got != *want {
+                    return Err(format!(
+                        "task {}: started on GPUs {got:?}, expected {want:?}",
+                        t.name
+                    ));
+                }
+                if self.transcript.is_empty() {
+                    self.transcript.push_str("== start\n-- gpus\n");
+                }
+                let _ = writeln!(self.transcript, "{}: {}", t.name, got.join(","));
+            }
             self.add_task(&t.name, pid);
         }
         // Threads settle after READY: wait until each task has its extra threads (and, for
@@ -688,7 +724,153 @@ impl Exec<'_> {
         }
     }
 
-    fn step(&mut self, i: usize, step: &crate::scenario::Step, lib: &Path) -> Result<(), String> {
+    /// A step the harness carries out itself: reconfigure the world, remove or rewrite an image.
+    fn harness_step(&mut self, i: usize, step: &Step) -> Result<(), String> {
+        let verb = crate::scenario::name(step.action);
+        let mut detail = String::new();
+        match step.action {
+            Action::ReconfigureWorld => {
+                let given = step.world.clone().unwrap_or_default();
+                let mut t = self.s.world.clone().unwrap_or_default();
+                for (k, v) in &given {
+                    t.insert(k.clone(), v.clone());
+                }
+                let t = self.complete_world(t, true)?;
+                self.configure_world(&self.dir.join(format!("world-step{i}.toml")), &t)?;
+                detail.push_str("-- world\n");
+                for (k, v) in &given {
+                    match (k.as_str(), v) {
+                        ("gpu", toml::Value::Array(gpus)) => {
+                            for (n, g) in gpus.iter().enumerate() {
+                                let f = |key: &str| {
+                                    g.get(key)
+                                        .map(|v| {
+                                            v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+                                        })
+                                        .unwrap_or_default()
+                                };
+                                let _ = writeln!(
+                                    detail,
+                                    "gpu {n}: {} {} ({}, {} MiB)",
+                                    f("uuid"),
+                                    f("name"),
+                                    f("chip"),
+                                    f("memory_mib")
+                                );
+                            }
+                            if gpus.is_empty() {
+                                detail.push_str("no GPU\n");
+                            }
+                        }
+                        _ => {
+                            let _ = writeln!(detail, "{k} = {v}");
+                        }
+                    }
+                }
+            }
+            Action::RemoveImage | Action::WriteImage => {
+                let name = step.name.clone().unwrap_or_default();
+                let bytes = step
+                    .hex
+                    .as_deref()
+                    .map(crate::scenario::decode_hex)
+                    .transpose()
+                    .map_err(|e| format!("step {i}: hex: {e}"))?;
+                let remove = step.action == Action::RemoveImage;
+                let (before, after, streamed) = self.edit_image(&name, |old| {
+                    if remove {
+                        return match old {
+                            Some(_) => Ok(None),
+                            None => Err(format!("step {i}: there is no image `{name}` to remove")),
+                        };
+                    }
+                    let mut data = old.unwrap_or_default();
+                    match (step.offset, &bytes) {
+                        (Some(at), Some(b)) => {
+                            let at = usize::try_from(at).map_err(|e| e.to_string())?;
+                            if data.len() < at + b.len() {
+                                data.resize(at + b.len(), 0);
+                            }
+                            data[at..at + b.len()].copy_from_slice(b);
+                        }
+                        (None, Some(b)) => data.clone_from(b),
+                        (_, None) => {}
+                    }
+                    if let Some(n) = step.truncate {
+                        data.truncate(usize::try_from(n).map_err(|e| e.to_string())?);
+                    }
+                    Ok(Some(data))
+                })?;
+                let _ = writeln!(
+                    detail,
+                    "-- image\n{name}{}: {} -> {}",
+                    if streamed { " (in the stream)" } else { "" },
+                    before
+                        .as_ref()
+                        .map_or_else(|| "absent".to_owned(), |b| format!("{} bytes", b.len())),
+                    after
+                        .as_ref()
+                        .map_or_else(|| "removed".to_owned(), |b| format!("{} bytes", b.len())),
+                );
+                if let Some(b) = &after {
+                    for chunk in b.chunks(32) {
+                        let line: Vec<String> = chunk.iter().map(|x| format!("{x:02x}")).collect();
+                        let _ = writeln!(detail, "{}", line.join(" "));
+                    }
+                }
+            }
+            _ => return Err(format!("step {i}: {verb} is not a harness-side step")),
+        }
+        let _ = writeln!(self.transcript, "== step {i}: {verb} -> ok");
+        self.transcript.push_str(&detail);
+        Ok(())
+    }
+
+    /// Applies `f` to image `name` (its bytes, `None` when absent; it returns the new bytes or
+    /// `None` to delete): a file of the image directory, or an entry of the stream file when the
+    /// dump was streamed. Returns the bytes before and after, and whether it was streamed.
+    #[allow(clippy::type_complexity)]
+    fn edit_image(
+        &self,
+        name: &str,
+        f: impl FnOnce(Option<Vec<u8>>) -> Result<Option<Vec<u8>>, String>,
+    ) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>, bool), String> {
+        let img = self.dir.join("img");
+        let stream = img.join(crate::images::STREAM_FILE);
+        if stream.exists() {
+            let raw = std::fs::read(&stream).map_err(|e| format!("{}: {e}", stream.display()))?;
+            let mut files = crate::images::decode(&raw, &stream.display().to_string())
+                .map_err(|e| e.to_string())?;
+            let at = files.iter().position(|(n, _)| n == name);
+            let before = at.map(|k| files[k].1.clone());
+            let after = f(before.clone())?;
+            match (at, &after) {
+                (Some(k), Some(b)) => files[k].1.clone_from(b),
+                (Some(k), None) => {
+                    files.remove(k);
+                }
+                (None, Some(b)) => files.push((name.to_owned(), b.clone())),
+                (None, None) => {}
+            }
+            std::fs::write(&stream, crate::images::encode(&files))
+                .map_err(|e| format!("{}: {e}", stream.display()))?;
+            return Ok((before, after, true));
+        }
+        let path = img.join(name);
+        let before = std::fs::read(&path).ok();
+        let after = f(before.clone())?;
+        match &after {
+            Some(b) => std::fs::write(&path, b),
+            None => std::fs::remove_file(&path),
+        }
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((before, after, false))
+    }
+
+    fn step(&mut self, i: usize, step: &Step, lib: &Path) -> Result<(), String> {
+        if step.action.is_harness_side() {
+            return self.harness_step(i, step);
+        }
         let img = self.dir.join("img");
         let log = self.dir.join(format!("step{i}.log"));
         let trace = self.dir.join(format!("step{i}.trace"));
@@ -701,12 +883,7 @@ impl Exec<'_> {
             .chain(&step.options)
             .cloned()
             .collect();
-        let verb = match step.action {
-            Action::Dump => "dump",
-            Action::PreDump => "pre-dump",
-            Action::Restore => "restore",
-            Action::CudaCheckpoint => "cuda-checkpoint",
-        };
+        let verb = crate::scenario::name(step.action);
         let mut c;
         let label;
         let mut env_options = None;
@@ -782,6 +959,7 @@ impl Exec<'_> {
             label = "criu";
         }
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c.envs(&step.env);
         c.env("TP_LOG", &tp_log);
         c.env_remove("CRIU_LIBS_DIR").env_remove("CRIU_FAULT");
         match env_options {
@@ -885,10 +1063,10 @@ impl Exec<'_> {
                 log.display()
             )
         };
-        if got != step.expect {
+        if got != step.outcome() {
             return Err(format!(
                 "step {i} ({verb}) expected {:?}, got {:?} ({status}, {:.1} s){}",
-                step.expect,
+                step.outcome(),
                 got,
                 took.as_secs_f64(),
                 context()
@@ -898,6 +1076,14 @@ impl Exec<'_> {
             let hay = format!("{log_text}{stderr}{stdout}");
             if !hay.contains(e.as_str()) {
                 return Err(format!("step {i} ({verb}): log lacks `{e}`{}", context()));
+            }
+        }
+        for want in &step.log {
+            if !log_text.contains(want.as_str()) && !stderr.contains(want.as_str()) {
+                return Err(format!(
+                    "step {i} ({verb}): log lacks `{want}`{}",
+                    context()
+                ));
             }
         }
         if let Some(want) = &step.backend {
@@ -1119,11 +1305,34 @@ impl Exec<'_> {
                 }
             }
         }
-        if let Some(want) = s.expect.gpu_data_verified {
+        if s.expect.gpu_data_verified.is_some() || !s.expect.gpus.is_empty() {
             let verdicts = self.verify_data(&alive)?;
-            let all_pass = verdicts.iter().all(|(_, v)| v.starts_with("PASS"));
-            if all_pass != want {
-                return Err(format!("GPU data check: {verdicts:?}"));
+            if let Some(want) = s.expect.gpu_data_verified {
+                let all_pass = verdicts.iter().all(|(_, v)| v.starts_with("PASS"));
+                if all_pass != want {
+                    return Err(format!("GPU data check: {verdicts:?}"));
+                }
+            }
+            if !s.expect.gpus.is_empty() {
+                self.transcript.push_str("== end\n-- gpus\n");
+            }
+            for (name, want) in &s.expect.gpus {
+                let line = verdicts
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, l)| l.as_str())
+                    .unwrap_or("not running");
+                let got: Vec<&str> = match (line.starts_with("PASS"), field(line, "gpus")) {
+                    (true, Some(g)) => g.split(',').filter(|u| !u.is_empty()).collect(),
+                    _ => return Err(format!("task {name}: no PASS line with GPUs: {line}")),
+                };
+                let _ = writeln!(self.transcript, "{name}: {}", got.join(","));
+                if got != *want {
+                    return Err(format!(
+                        "task {name}: on GPUs {got:?}, expected {want:?}\n{}",
+                        self.transcript
+                    ));
+                }
             }
         }
         self.check_leftovers()

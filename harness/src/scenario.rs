@@ -35,12 +35,33 @@
 //! action = "restore"
 //! expect = "fail"
 //! error = "RESUME_DEVICES_LATE failed"   # a substring of the engine log
+//! options = ["cuda_plugin.device-map=0=1,1=0"]   # after the scenario's `options`: a repeated
+//!                      # option here overrides (the plugin takes the last of repeats)
+//! env = { CUDA_VISIBLE_DEVICES = "1" }  # extra environment of this step's CRIU/engine
+//! log = ["is ignored"]  # substrings the step's log must contain (ok or failed)
+//!
+//! [[steps]]            # harness-side steps between CRIU operations (`expect` may be omitted):
+//! action = "reconfigure-world"   # `mock-world configure`: the world becomes "another host";
+//! world = { gpu = [] }  # keys given replace the `[world]` keys of the same name
+//!
+//! [[steps]]
+//! action = "remove-image"        # delete a file of the image directory (or of the stream)
+//! name = "cuda-gpu-inventory.img"
+//!
+//! [[steps]]
+//! action = "write-image"         # replace an image with `hex` bytes (whitespace and `_`
+//! name = "cuda-gpu-inventory.img"  # ignored); with `offset`, overwrite from there instead;
+//! hex = "02000000"     # with `truncate = N`, keep the first N bytes (after any overwrite)
+//! offset = 8
 //!
 //! [expect]             # the final state
 //! tasks = "running"    # running | parked | gone
 //! cuda_state = { worker = "running" }   # running | locked | checkpointed | failed | none
 //! gpu_data_verified = true              # every task answers SIGUSR1 with PASS
 //! dead = ["worker"]                     # tasks a fault killed
+//! gpus = { worker = ["GPU-…"] }         # the GPUs each task's PASS line reports (in its
+//!                                       # allocation order), checked with the data
+//! start_gpus = { worker = ["GPU-…"] }   # the GPUs its READY line reported at start
 //! ```
 //!
 //! Parsing is strict: an unknown key anywhere is an error naming the file and the key.
@@ -109,6 +130,9 @@ pub struct TaskSpec {
     /// KiB allocated per GPU by a CUDA task (default 64).
     #[serde(default)]
     pub kib: Option<u32>,
+    /// Extra environment of the task (e.g. `CUDA_VISIBLE_DEVICES`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 /// Which host runs the steps.
@@ -186,6 +210,24 @@ pub enum Action {
     Restore,
     /// Run `cuda-checkpoint ARGS --pid <task>` (e.g. to lock a task before the dump).
     CudaCheckpoint,
+    /// Replace the mock world's config (`mock-world configure`), keeping its state: the world
+    /// becomes "another host" (other GPU UUIDs, another order, fewer GPUs, another model).
+    ReconfigureWorld,
+    /// Delete an image (`name`) from the image directory, or from the stream with `--stream`.
+    RemoveImage,
+    /// Replace or patch an image (`name`) with `hex` bytes (`offset`, `truncate`).
+    WriteImage,
+}
+
+impl Action {
+    /// Whether the harness carries the step out itself (no CRIU, no `cuda-checkpoint`).
+    #[must_use]
+    pub fn is_harness_side(self) -> bool {
+        matches!(
+            self,
+            Action::ReconfigureWorld | Action::RemoveImage | Action::WriteImage
+        )
+    }
 }
 
 /// The expected result of a step.
@@ -199,7 +241,7 @@ pub enum Outcome {
 }
 
 /// One step.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Step {
     /// The operation.
@@ -210,14 +252,22 @@ pub struct Step {
     /// `--stream`.
     #[serde(default)]
     pub stream: bool,
-    /// Extra `--plugin-option`s for this step.
+    /// Extra `--plugin-option`s for this step, after the scenario's (a repeated option
+    /// overrides: the plugin takes the last).
     #[serde(default)]
     pub options: Vec<String>,
-    /// Expected result.
-    pub expect: Outcome,
+    /// Extra environment of this step's process (CRIU, the engine, `cuda-checkpoint`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Expected result (required except for harness-side steps, which must succeed).
+    #[serde(default)]
+    pub expect: Option<Outcome>,
     /// A substring the engine log must contain.
     #[serde(default)]
     pub error: Option<String>,
+    /// Substrings the step's log must contain.
+    #[serde(default)]
+    pub log: Vec<String>,
     /// The backend the CUDA plugin must have selected in this step (`driver-api`,
     /// `cuda-checkpoint`), or `none` (disabled, or init failed before selecting).
     #[serde(default)]
@@ -228,6 +278,50 @@ pub struct Step {
     /// `cuda-checkpoint` steps: the arguments before `--pid`.
     #[serde(default)]
     pub args: Vec<String>,
+    /// `reconfigure-world` steps: the keys replacing the scenario's `[world]` keys.
+    #[serde(default)]
+    pub world: Option<toml::Table>,
+    /// Image steps: the file name in the image directory.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `write-image`: the bytes, in hex (whitespace and `_` ignored).
+    #[serde(default)]
+    pub hex: Option<String>,
+    /// `write-image`: overwrite from this offset instead of replacing the whole image.
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// `write-image`: keep only the first N bytes (after any overwrite).
+    #[serde(default)]
+    pub truncate: Option<u64>,
+}
+
+impl Step {
+    /// The expected result (`ok` when omitted on a harness-side step).
+    #[must_use]
+    pub fn outcome(&self) -> Outcome {
+        self.expect.unwrap_or(Outcome::Ok)
+    }
+}
+
+/// Decodes `hex` (whitespace and `_` ignored).
+///
+/// # Errors
+/// A character that is not a hex digit, or an odd number of digits.
+pub fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
+    let digits: Vec<u8> = hex
+        .bytes()
+        .filter(|b| !b.is_ascii_whitespace() && *b != b'_')
+        .map(|b| match b {
+            b'0'..=b'9' => Ok(b - b'0'),
+            b'a'..=b'f' => Ok(b - b'a' + 10),
+            b'A'..=b'F' => Ok(b - b'A' + 10),
+            other => Err(format!("{:?} is not a hex digit", char::from(other))),
+        })
+        .collect::<Result<_, _>>()?;
+    if digits.len() % 2 != 0 {
+        return Err(format!("odd number of hex digits ({})", digits.len()));
+    }
+    Ok(digits.chunks(2).map(|p| (p[0] << 4) | p[1]).collect())
 }
 
 /// The end state of every task.
@@ -262,6 +356,12 @@ pub struct Expect {
     /// Tasks expected to have died (a `kill-target` fault); not checked for state or data.
     #[serde(default)]
     pub dead: Vec<String>,
+    /// The GPU UUIDs each task's PASS line reports after the last step (allocation order).
+    #[serde(default)]
+    pub gpus: BTreeMap<String, Vec<String>>,
+    /// The GPU UUIDs each task's READY line reported when it started.
+    #[serde(default)]
+    pub start_gpus: BTreeMap<String, Vec<String>>,
 }
 
 /// A scenario file that cannot be used.
@@ -363,6 +463,7 @@ impl Scenario {
             return Err("no steps".to_owned());
         }
         for (i, st) in self.steps.iter().enumerate() {
+            self.validate_step(i, st)?;
             match (st.action, &st.task) {
                 (Action::CudaCheckpoint, Some(t)) if seen.contains(&t.as_str()) => {}
                 (Action::CudaCheckpoint, _) => {
@@ -377,7 +478,14 @@ impl Scenario {
                 }
             }
         }
-        for name in self.expect.cuda_state.keys().chain(&self.expect.dead) {
+        for name in self
+            .expect
+            .cuda_state
+            .keys()
+            .chain(&self.expect.dead)
+            .chain(self.expect.gpus.keys())
+            .chain(self.expect.start_gpus.keys())
+        {
             if !seen.contains(&name.as_str()) {
                 return Err(format!("expect: unknown task `{name}`"));
             }
@@ -386,6 +494,102 @@ impl Scenario {
             if !["running", "locked", "checkpointed", "failed", "none"].contains(&st.as_str()) {
                 return Err(format!("expect.cuda_state.{name}: unknown state `{st}`"));
             }
+        }
+        for (name, gpus) in self.expect.gpus.iter().chain(&self.expect.start_gpus) {
+            let task = self.workload.tasks.iter().find(|t| &t.name == name);
+            if !task.is_some_and(|t| t.cuda) {
+                return Err(format!("expect.gpus.{name}: not a CUDA task"));
+            }
+            if let Some(g) = gpus.iter().find(|g| !g.starts_with("GPU-")) {
+                return Err(format!("expect.gpus.{name}: `{g}` is not a GPU UUID"));
+            }
+        }
+        for t in &self.workload.tasks {
+            if let Some(k) = t.env.keys().find(|k| !is_env_name(k)) {
+                return Err(format!(
+                    "task `{}`: env: `{k}` is not a variable name",
+                    t.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_step(&self, i: usize, st: &Step) -> Result<(), String> {
+        let key = |k: &str, present: bool, allowed: bool| {
+            if present && !allowed {
+                Err(format!(
+                    "step {i}: `{k}` is not a key of a `{}` step",
+                    name(st.action)
+                ))
+            } else if !present && allowed && ["world", "name"].contains(&k) {
+                Err(format!(
+                    "step {i}: a `{}` step needs `{k}`",
+                    name(st.action)
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let harness = st.action.is_harness_side();
+        let image = matches!(st.action, Action::RemoveImage | Action::WriteImage);
+        key(
+            "world",
+            st.world.is_some(),
+            st.action == Action::ReconfigureWorld,
+        )?;
+        key("name", st.name.is_some(), image)?;
+        let write = st.action == Action::WriteImage;
+        key("hex", st.hex.is_some(), write)?;
+        key("offset", st.offset.is_some(), write)?;
+        key("truncate", st.truncate.is_some(), write)?;
+        for (k, present) in [
+            ("leave_running", st.leave_running),
+            ("stream", st.stream),
+            ("options", !st.options.is_empty()),
+            ("env", !st.env.is_empty()),
+            ("error", st.error.is_some()),
+            ("log", !st.log.is_empty()),
+            ("backend", st.backend.is_some()),
+        ] {
+            key(k, present, !harness)?;
+        }
+        match (harness, st.expect) {
+            (false, None) => return Err(format!("step {i}: `expect` is missing")),
+            (true, Some(Outcome::Fail)) => {
+                return Err(format!(
+                    "step {i}: a `{}` step cannot be expected to fail",
+                    name(st.action)
+                ))
+            }
+            _ => {}
+        }
+        if st.action == Action::ReconfigureWorld && self.world.is_none() {
+            return Err(format!(
+                "step {i}: reconfigure-world needs a scenario `[world]`"
+            ));
+        }
+        if let Some(n) = &st.name {
+            if n.is_empty() || n.contains('/') || n == "." || n == ".." {
+                return Err(format!("step {i}: name `{n}` is not a file name"));
+            }
+        }
+        if write {
+            let bytes = st
+                .hex
+                .as_deref()
+                .map(decode_hex)
+                .transpose()
+                .map_err(|e| format!("step {i}: hex: {e}"))?;
+            if st.offset.is_some() && bytes.is_none() {
+                return Err(format!("step {i}: `offset` needs `hex`"));
+            }
+            if bytes.is_none() && st.truncate.is_none() {
+                return Err(format!("step {i}: write-image needs `hex` or `truncate`"));
+            }
+        }
+        if let Some(k) = st.env.keys().find(|k| !is_env_name(k)) {
+            return Err(format!("step {i}: env: `{k}` is not a variable name"));
         }
         Ok(())
     }
@@ -398,12 +602,34 @@ impl Scenario {
             || self.plugins.iter().any(|p| p.kind == PluginKind::Cuda)
             || self.expect.backend.is_some()
             || !self.expect.cuda_state.is_empty()
+            || !self.expect.gpus.is_empty()
+            || !self.expect.start_gpus.is_empty()
             || self.expect.gpu_data_verified.is_some()
-            || self
-                .steps
-                .iter()
-                .any(|s| s.backend.is_some() || s.action == Action::CudaCheckpoint)
+            || self.steps.iter().any(|s| {
+                s.backend.is_some()
+                    || matches!(s.action, Action::CudaCheckpoint | Action::ReconfigureWorld)
+            })
     }
+}
+
+/// The action's name as written in scenario files.
+#[must_use]
+pub fn name(a: Action) -> &'static str {
+    match a {
+        Action::Dump => "dump",
+        Action::PreDump => "pre-dump",
+        Action::Restore => "restore",
+        Action::CudaCheckpoint => "cuda-checkpoint",
+        Action::ReconfigureWorld => "reconfigure-world",
+        Action::RemoveImage => "remove-image",
+        Action::WriteImage => "write-image",
+    }
+}
+
+fn is_env_name(k: &str) -> bool {
+    !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
@@ -456,6 +682,122 @@ expect = "ok"
         let w = s.world.as_ref().unwrap();
         assert_eq!(w["driver_version"].as_integer(), Some(580));
         assert!(s.needs_cuda());
+    }
+
+    const MAP: &str = r#"
+description = "x"
+[world]
+driver = { branch = 580 }
+[workload]
+tasks = [{ name = "root", cuda = true, gpus = [0, 1], env = { CUDA_VISIBLE_DEVICES = "1,0" } }]
+[host]
+engine = "emulated"
+profile = "pr3076"
+[[steps]]
+action = "dump"
+expect = "ok"
+env = { CUDA_VISIBLE_DEVICES = "1" }
+log = ["is ignored"]
+[[steps]]
+action = "reconfigure-world"
+world = { gpu = [] }
+[[steps]]
+action = "write-image"
+name = "cuda-gpu-inventory.img"
+offset = 8
+hex = "02 00_00 00"
+[[steps]]
+action = "remove-image"
+name = "cuda-gpu-inventory.img"
+[[steps]]
+action = "restore"
+expect = "fail"
+options = ["cuda_plugin.device-map=0=1,1=0"]
+[expect]
+gpus = { root = ["GPU-b1111111-1111-4111-8111-111111111111"] }
+start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
+"#;
+
+    #[test]
+    fn device_map_steps_and_expectations_parse() {
+        let s = Scenario::parse("m.toml", MAP).unwrap();
+        assert_eq!(s.steps[1].action, Action::ReconfigureWorld);
+        assert!(s.steps[1].action.is_harness_side());
+        assert_eq!(s.steps[1].outcome(), Outcome::Ok);
+        assert_eq!(
+            s.steps[2].hex.as_deref().map(decode_hex),
+            Some(Ok(vec![2, 0, 0, 0]))
+        );
+        assert_eq!(s.steps[4].outcome(), Outcome::Fail);
+        assert_eq!(s.workload.tasks[0].env["CUDA_VISIBLE_DEVICES"], "1,0");
+        assert_eq!(s.expect.gpus["root"].len(), 1);
+        assert!(s.needs_cuda());
+    }
+
+    #[test]
+    fn device_map_steps_are_validated_naming_file_and_key() {
+        for (from, to, key) in [
+            ("world = { gpu = [] }", "", "needs `world`"),
+            (
+                "name = \"cuda-gpu-inventory.img\"\noffset",
+                "offset",
+                "needs `name`",
+            ),
+            ("hex = \"02 00_00 00\"", "hex = \"0g\"", "hex"),
+            ("hex = \"02 00_00 00\"", "hex = \"020\"", "odd number"),
+            ("hex = \"02 00_00 00\"", "", "`offset` needs `hex`"),
+            (
+                "name = \"cuda-gpu-inventory.img\"\n[[steps]]\naction = \"restore\"",
+                "name = \"../x\"\n[[steps]]\naction = \"restore\"",
+                "not a file name",
+            ),
+            (
+                "action = \"reconfigure-world\"",
+                "action = \"reconfigure-world\"\nexpect = \"fail\"",
+                "cannot be expected to fail",
+            ),
+            (
+                "action = \"reconfigure-world\"",
+                "action = \"reconfigure-world\"\nstream = true",
+                "`stream`",
+            ),
+            (
+                "action = \"dump\"\nexpect = \"ok\"",
+                "action = \"dump\"",
+                "`expect` is missing",
+            ),
+            (
+                "action = \"dump\"\nexpect = \"ok\"",
+                "action = \"dump\"\nexpect = \"ok\"\nname = \"x\"",
+                "`name`",
+            ),
+            ("gpus = { root", "gpus = { nobody", "nobody"),
+            (
+                "[\"GPU-b1111111-1111-4111-8111-111111111111\"]",
+                "[\"b1\"]",
+                "not a GPU UUID",
+            ),
+            (
+                "env = { CUDA_VISIBLE_DEVICES = \"1\" }",
+                "env = { \"A-B\" = \"1\" }",
+                "A-B",
+            ),
+            (
+                "[world]\ndriver = { branch = 580 }\n",
+                "",
+                "needs a scenario `[world]`",
+            ),
+        ] {
+            assert!(MAP.contains(from), "{from}");
+            let text = MAP.replacen(from, to, 1);
+            let e = Scenario::parse("dir/m.toml", &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("dir/m.toml: "), "{e}");
+            assert!(e.contains(key), "{key}: {e}");
+        }
+        let e = Scenario::parse("m.toml", &MAP.replace("hex = ", "hexx = ")).unwrap_err();
+        assert!(e.to_string().contains("hexx"), "{e}");
     }
 
     #[test]

@@ -79,7 +79,7 @@ pub enum SelectError {
     CliUnsupported(String),
     #[error("probing cuda-checkpoint failed: {0}")]
     CliProbe(String),
-    #[error("a device map was given but {0} has no --device-map (driver r580 or later needed)")]
+    #[error("restoring onto other GPUs needs a device map, but {0} has no --device-map (driver r580 or later needed)")]
     NoDeviceMap(String),
     #[error("the image needs cuda_plugin but no backend is available (driver API: {driver}; cuda-checkpoint: {cli})")]
     NoneAvailable { driver: String, cli: String },
