@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The benchmark of docs/performance.md, exactly as it was run:
+#
+#   sudo scripts/bench.sh [ROUNDS] [extra criu_bench options...]
+#
+# 1. fetches real CRIU 4.1.x/4.2.x into target/criu (scripts/fetch-criu.sh; a no-op once there),
+# 2. builds the plugin, the mock driver, the fake cuda-checkpoint and the harness in release mode,
+# 3. runs `cargo bench -p cuda-plugin --bench criu_bench -- --rounds ROUNDS` (default 5).
+#
+# Needs root (CRIU dumps and restores real processes). Run it on a quiet machine: every
+# configuration is interleaved within each round, but absolute times still follow the load.
+# Output: tables on stdout, <target-dir>/bench/criu_bench.{md,csv,json}, docs/performance.svg.
+# Extra options go to the benchmark, e.g. `--criu /usr/sbin/criu`, `--sizes 1,8,32,64`,
+# `--no-emulated`, `--no-scenarios`, `--no-svg` (see plugin/benches/criu_bench.rs).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$repo"
+
+rounds=5
+if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then
+    rounds=$1
+    shift
+fi
+
+if [ "$(id -u)" != 0 ]; then
+    echo "bench.sh: warning: not root; the benchmark will skip itself" >&2
+fi
+if [ "${CRIU_CUDA_SKIP_FETCH:-0}" != 1 ]; then
+    bash scripts/fetch-criu.sh || echo "bench.sh: warning: scripts/fetch-criu.sh failed" >&2
+fi
+
+cargo build --release -p cuda-plugin -p mock-libcuda -p fake-cuda-checkpoint -p harness
+cargo bench -p cuda-plugin --bench criu_bench -- --rounds "$rounds" "$@"
