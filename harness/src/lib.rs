@@ -10,6 +10,7 @@
 //! * [`log`], [`trace`]: CRIU-style logs and the normalised call trace.
 //! * [`cli`]: the command line shared by the engine executables.
 //! * [`scenario`]: the regression scenario file format; [`runner`]: its executor.
+//! * [`sweep`]: the fault sweep (`harness sweep`).
 //! * `ffi`: every `unsafe` block (dlopen and plugin calls, the exported host callbacks).
 //!
 //! The host symbols plugins look up are defined by a C shim linked into each
@@ -36,3 +37,4 @@ pub mod profile;
 pub mod pstree;
 pub mod runner;
 pub mod scenario;
+pub mod sweep;

@@ -5,6 +5,9 @@
 //!
 //! `harness run [-j N] [PATH...]` runs the scenario corpus instead (default `scenarios/`, two at a
 //! time) and prints a table: scenario, host, backend, result, time.
+//!
+//! `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]` runs the fault sweep
+//! (`harness::sweep`) and prints its table: call, fault, phase, task, host, outcome, check.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -84,10 +87,76 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
     })
 }
 
+/// `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]`: the fault sweep.
+fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
+    use harness::sweep;
+    let mut jobs = 2;
+    let mut full = false;
+    let mut only: Option<String> = None;
+    let mut out: Option<PathBuf> = None;
+    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--full" => full = true,
+            "-j" | "--jobs" => jobs = it.next().context("-j needs a number")?.parse()?,
+            "--only" => only = Some(it.next().context("--only needs a filter")?),
+            "--out" => out = Some(PathBuf::from(it.next().context("--out needs a file")?)),
+            "-h" | "--help" => {
+                println!("usage: harness sweep [--full] [-j N] [--only FILTER] [--out FILE]");
+                return Ok(ExitCode::SUCCESS);
+            }
+            other => bail!("harness sweep: unknown argument `{other}`"),
+        }
+    }
+    let me = std::env::current_exe().context("cannot locate the harness executable")?;
+    let profile = me
+        .parent()
+        .context("the harness executable has no directory")?;
+    let art = runner::Artifacts::locate(profile, &me).map_err(anyhow::Error::msg)?;
+    runner::become_subreaper();
+    let mut cases = sweep::cases(full);
+    if let Some(f) = &only {
+        cases = sweep::filter(cases, f);
+    }
+    let total = cases.len();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let started = std::time::Instant::now();
+    let results = sweep::run_all(&cases, &art, jobs, &|r| {
+        let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        eprintln!(
+            "[{n}/{total}] {:.1}s {} {} {} {}: {} [{}]",
+            r.elapsed.as_secs_f64(),
+            r.case.call,
+            r.case.fault.name(),
+            r.case.target.name(),
+            r.case.profile,
+            r.outcome,
+            sweep::check_text(r)
+        );
+        if sweep::is_failure(r) {
+            eprintln!("    repro: {}\n{}", r.case.repro(), r.detail);
+        }
+    });
+    let table = sweep::table(&results, true);
+    print!("{table}");
+    println!("({:.1} s)", started.elapsed().as_secs_f64());
+    if let Some(p) = out {
+        std::fs::write(&p, &table).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(if results.iter().any(sweep::is_failure) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 fn run() -> Result<ExitCode> {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     if args.first().is_some_and(|a| a == "run") {
         return run_scenarios(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "sweep") {
+        return run_sweep(&args[1..]);
     }
     let host = requested_host(&args)?;
     let me = std::env::current_exe().context("cannot locate the harness executable")?;

@@ -333,22 +333,35 @@ impl Backend for Cli {
             "--pid".to_owned(),
             pid.to_string(),
         ];
-        let out = self.run(op, pid, args, op_deadline(op, self.timeout))?;
-        // A non-zero exit is what the utility does for a process without CUDA state.
-        let tid = if out.status == ExitInfo::Code(0) {
-            match out.output.split_whitespace().last().map(str::parse::<Tid>) {
-                Some(Ok(t)) if t > 0 => Some(t),
-                _ => {
-                    return Err(BackendError::BadOutput {
-                        backend: BackendKind::CudaCheckpoint,
-                        op,
-                        pid,
-                        output: out.output,
-                    })
+        let out = self.run(op, pid, args.clone(), op_deadline(op, self.timeout))?;
+        let tid = match out.status {
+            ExitInfo::Code(0) => {
+                match out.output.split_whitespace().last().map(str::parse::<Tid>) {
+                    Some(Ok(t)) if t > 0 => Some(t),
+                    _ => {
+                        return Err(BackendError::BadOutput {
+                            backend: BackendKind::CudaCheckpoint,
+                            op,
+                            pid,
+                            output: out.output,
+                        })
+                    }
                 }
             }
-        } else {
-            None
+            // The exit status is the `CUresult` modulo 256: `CUDA_ERROR_INVALID_VALUE` (1) and
+            // `CUDA_ERROR_NOT_INITIALIZED` (3) are what callers observe for a process without
+            // CUDA state, as with the driver API. Any other failure (another code, a signal) is
+            // an error: taking it for "no CUDA state" would dump the task unchecked.
+            ExitInfo::Code(1 | 3) => None,
+            status => {
+                return Err(BackendError::Exit {
+                    op,
+                    pid,
+                    command: self.command_line(&args),
+                    status,
+                    output: out.output.trim().to_owned(),
+                })
+            }
         };
         self.tids.insert(pid, tid);
         Ok(tid)
@@ -548,11 +561,11 @@ pub(crate) mod tests {
             Some(4242),
             "cached: no second run"
         );
-        r.answer(1, "Error initializing CUDA");
+        r.answer(1, "Error: invalid argument");
         assert_eq!(
             b.get_restore_tid(7).unwrap(),
             None,
-            "non-zero exit = no CUDA"
+            "CUDA_ERROR_INVALID_VALUE = no CUDA"
         );
         assert_eq!(b.get_restore_tid(7).unwrap(), None);
         r.answer(0, "locked\n");
@@ -611,6 +624,21 @@ pub(crate) mod tests {
             b.get_restore_tid(5).unwrap_err(),
             BackendError::BadOutput { .. }
         ));
+        // Only INVALID_VALUE (1) and NOT_INITIALIZED (3) mean "no CUDA state"; any other
+        // failure is an error naming the pid and the probable code, and is not cached.
+        r.answer(
+            145,
+            "Error: injected fault: \"operation not permitted when stream is capturing\"",
+        );
+        let m = b.get_restore_tid(6).unwrap_err().to_string();
+        assert!(
+            m.contains("pid 6") && m.contains("CUDA_ERROR_ILLEGAL_STATE"),
+            "{m}"
+        );
+        r.answer(231, "Error: injected fault: \"unknown error\"");
+        assert!(b.get_restore_tid(6).is_err(), "not cached");
+        r.answer(3, "Error: injected fault: \"initialization error\"");
+        assert_eq!(b.get_restore_tid(6).unwrap(), None);
         let pair = (abi::GpuUuid([1; 16]), abi::GpuUuid([2; 16]));
         let e = b.restore(5, &[pair]).unwrap_err();
         assert!(e.to_string().contains("--device-map"), "{e}");

@@ -1,0 +1,1412 @@
+//! The fault sweep (`harness sweep`): for every driver call and `cuda-checkpoint` invocation the
+//! CUDA plugin makes in a dump, a failed dump's rollback and a restore, inject every fault kind
+//! the mock world knows that applies, on the first and on the second CUDA task, and check the
+//! invariants after each run.
+//!
+//! Each case runs a fresh world and a small tree (`t1`: CUDA root with one extra thread, `t2`: a
+//! CUDA child, `cpu`: a CPU-only child; 4 KiB per task) on the emulated engine, with
+//! `cuda_plugin.timeout=1`, and installs its faults (`mock-world configure`) only once the phase
+//! under test starts: the workload runs before a dump, the dump is done before a restore. A
+//! `rollback` case adds a trigger (the checkpoint of `t2` fails) so that the faulted call is the
+//! one the rollback makes for `t1`.
+//!
+//! Invariants, checked after every case:
+//! - the faulted step ends within [`STEP_LIMIT`] (the engine is killed past it: "hang");
+//! - it succeeds, or fails with a plugin error naming the step (`PAUSE_DEVICES`, ...), the pid of
+//!   the faulted task (for faults that name one) and the code (or `timed out`, for delays);
+//! - a failed dump or rollback leaves every surviving task running (not stopped, not ptraced),
+//!   unlocked (CUDA state running), its GPU data intact (`PASS`), its descriptor count unchanged;
+//!   a task the rollback could not put back is allowed only when the log reports it by pid;
+//! - a successful dump leaves every CUDA task checkpointed and parked; a fault-free restore then
+//!   brings everything back running with its data;
+//! - a successful restore leaves everything running and unlocked with its data; a failed restore
+//!   (the newer rules: RESUME_DEVICES_LATE failures abort it) leaves the tree parked as the
+//!   emulated engine guarantees, every CUDA task checkpointed, locked or running (never failed
+//!   unless a `fail` fault put it there), and recoverable: driven back with a fault-free
+//!   `cuda-checkpoint`, its data is intact. Under the 4.1 rules a failing RESUME_DEVICES_LATE is
+//!   only logged: a "successful" restore that leaves a task not running must have logged the
+//!   error naming it;
+//! - no process of the world other than the workload is left (no `cuda-checkpoint` helper).
+//!
+//! A task killed by a `kill-target` fault, or put in the FAILED state by a `fail` fault, is
+//! exempt from the per-task checks (the fault did that, not the plugin).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+use crate::runner::Artifacts;
+
+/// The longest a faulted step may take before it counts as a hang (and is killed).
+pub const STEP_LIMIT: Duration = Duration::from_secs(20);
+
+/// When a `hang` fault with a file is released (the file created), from the start of the step:
+/// past the 1 s timeout of every call, within the lock's deadline (timeout plus 2 s grace).
+const HANG_RELEASE: Duration = Duration::from_millis(2200);
+
+/// The error codes injected into every call: those the API documents for the checkpoint calls
+/// and those seen in the field.
+pub const CODES: &[&str] = &[
+    "CUDA_ERROR_INVALID_VALUE",
+    "CUDA_ERROR_NOT_INITIALIZED",
+    "CUDA_ERROR_ILLEGAL_STATE",
+    "CUDA_ERROR_NOT_SUPPORTED",
+    "CUDA_ERROR_NOT_READY",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "CUDA_ERROR_OPERATING_SYSTEM",
+    "CUDA_ERROR_NOT_PERMITTED",
+    "CUDA_ERROR_UNKNOWN",
+];
+
+/// Driver calls that name a target process.
+pub const TASK_CALLS: &[&str] = &[
+    "cuCheckpointProcessGetRestoreThreadId",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+];
+
+/// Driver calls without a target (initialisation and GPU enumeration).
+pub const GLOBAL_CALLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceGetName",
+    "cuDeviceTotalMem",
+];
+
+/// `cuda-checkpoint` invocations that name a target process.
+pub const CLI_TASK_CALLS: &[&str] = &[
+    "cuda-checkpoint:get-restore-tid",
+    "cuda-checkpoint:get-state",
+    "cuda-checkpoint:lock",
+    "cuda-checkpoint:checkpoint",
+    "cuda-checkpoint:restore",
+    "cuda-checkpoint:unlock",
+];
+
+/// The phase whose calls are faulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// A dump.
+    Dump,
+    /// The rollback of a dump whose checkpoint of `t2` failed.
+    Rollback,
+    /// A restore of a good dump.
+    Restore,
+}
+
+impl Phase {
+    /// The table name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Dump => "dump",
+            Phase::Rollback => "rollback",
+            Phase::Restore => "restore",
+        }
+    }
+}
+
+/// Which process the fault names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    /// None (the call has no target).
+    Any,
+    /// The first CUDA task (the root).
+    First,
+    /// The second CUDA task.
+    Second,
+}
+
+impl Target {
+    /// The table name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Any => "-",
+            Target::First => "t1",
+            Target::Second => "t2",
+        }
+    }
+}
+
+/// A fault kind of the mock world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// Return the code, do nothing.
+    Return(&'static str),
+    /// Do the call, then return `CUDA_ERROR_UNKNOWN`.
+    ErrorAfter,
+    /// Put the target into the FAILED state, return `CUDA_ERROR_UNKNOWN`.
+    Fail,
+    /// Sleep this many ms, then carry on.
+    Delay(u32),
+    /// Block until killed.
+    Hang,
+    /// Block until a file appears (created [`HANG_RELEASE`] into the step).
+    HangFile,
+    /// The `cuda-checkpoint` run dies of SIGSEGV.
+    Crash,
+    /// SIGKILL the target, then carry on.
+    KillTarget,
+    /// `cuda-checkpoint` prints garbage and exits 0.
+    Garbage,
+}
+
+impl Fault {
+    /// The table name.
+    #[must_use]
+    pub fn name(self) -> String {
+        match self {
+            Fault::Return(c) => c.trim_start_matches("CUDA_ERROR_").to_owned(),
+            Fault::ErrorAfter => "error-after".to_owned(),
+            Fault::Fail => "fail".to_owned(),
+            Fault::Delay(ms) => format!("delay {ms}ms"),
+            Fault::Hang => "hang".to_owned(),
+            Fault::HangFile => "hang (file)".to_owned(),
+            Fault::Crash => "crash".to_owned(),
+            Fault::KillTarget => "kill-target".to_owned(),
+            Fault::Garbage => "garbage".to_owned(),
+        }
+    }
+
+    fn action(self) -> String {
+        match self {
+            Fault::Return(c) => format!("{{ kind = \"return\", code = \"{c}\" }}"),
+            Fault::ErrorAfter => {
+                "{ kind = \"error-after\", code = \"CUDA_ERROR_UNKNOWN\" }".to_owned()
+            }
+            Fault::Fail => "{ kind = \"fail\", code = \"CUDA_ERROR_UNKNOWN\" }".to_owned(),
+            Fault::Delay(ms) => format!("{{ kind = \"delay\", ms = {ms} }}"),
+            Fault::Hang => "{ kind = \"hang\" }".to_owned(),
+            Fault::HangFile => "{ kind = \"hang\", file = \"release\" }".to_owned(),
+            Fault::Crash => "{ kind = \"crash\" }".to_owned(),
+            Fault::KillTarget => "{ kind = \"kill-target\" }".to_owned(),
+            Fault::Garbage => {
+                "{ kind = \"garbage\", text = \"#@!garbage\\n\", status = 0 }".to_owned()
+            }
+        }
+    }
+
+    /// The word an error caused by this fault must contain (besides step and pid).
+    fn reason(self) -> Option<&'static str> {
+        match self {
+            Fault::Return(c) => Some(c),
+            Fault::ErrorAfter | Fault::Fail => Some("CUDA_ERROR_UNKNOWN"),
+            Fault::Delay(_) | Fault::Hang | Fault::HangFile => Some("timed out"),
+            Fault::Crash | Fault::KillTarget | Fault::Garbage => None,
+        }
+    }
+
+    fn is_slow(self) -> bool {
+        matches!(self, Fault::Delay(_) | Fault::Hang | Fault::HangFile)
+    }
+}
+
+/// One sweep case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Case {
+    /// The faulted function (`cuda-checkpoint:<op>` for the utility).
+    pub call: &'static str,
+    /// The fault.
+    pub fault: Fault,
+    /// The phase.
+    pub phase: Phase,
+    /// The task the fault names.
+    pub target: Target,
+    /// The emulated host profile (`pr3076`, `4.1`).
+    pub profile: &'static str,
+}
+
+impl Case {
+    fn cli(&self) -> bool {
+        self.call.starts_with("cuda-checkpoint")
+    }
+
+    /// Which matching call fires: the rollback's GetState is the task's second.
+    fn nth(&self) -> u32 {
+        if self.phase == Phase::Rollback
+            && (self.call.ends_with(":get-state") || self.call.ends_with("GetState"))
+        {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// A one-line command reproducing this case.
+    #[must_use]
+    pub fn repro(&self) -> String {
+        format!(
+            "harness sweep --full --only '{}|{}|{}|{}|{}'",
+            self.call,
+            self.fault.name(),
+            self.phase.name(),
+            self.target.name(),
+            self.profile
+        )
+    }
+
+    fn key(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}",
+            self.call,
+            self.fault.name(),
+            self.phase.name(),
+            self.target.name(),
+            self.profile
+        )
+    }
+}
+
+/// Cases known to violate an invariant, with why: each is a reported plugin limitation, kept
+/// visible in the table (`xfail`) until it is fixed; a case that starts holding its invariants is
+/// an `XPASS` failure, so that the mark is removed.
+#[must_use]
+pub fn known_violation(c: &Case) -> Option<&'static str> {
+    let code = match c.fault {
+        Fault::Return(code) => code,
+        _ => "",
+    };
+    let no_cuda_state = ["CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_INITIALIZED"];
+    match (c.call, c.fault, c.phase) {
+        (
+            "cuCheckpointProcessGetRestoreThreadId" | "cuda-checkpoint:get-restore-tid",
+            Fault::Return(_),
+            Phase::Dump,
+        ) if no_cuda_state.contains(&code) => Some(
+            "GetRestoreThreadId answering INVALID_VALUE/NOT_INITIALIZED reads as \"no CUDA \
+             state\" (the documented heuristic): the task is dumped unchecked (real CRIU then \
+             refuses its device file)",
+        ),
+        ("cuInit", Fault::Hang, _) => {
+            Some("cuInit (and GPU enumeration) run without a deadline: a hung driver hangs CRIU")
+        }
+        ("cuda-checkpoint:checkpoint" | "cuda-checkpoint:unlock", Fault::Garbage, _) => Some(
+            "an action run that exits 0 is taken as done without checking the state: a \
+             utility that exits 0 without acting leaves the task locked",
+        ),
+        _ => None,
+    }
+}
+
+/// The sweep's cases: `full` adds the slow faults (delays and hangs) everywhere; the default
+/// keeps them for the lock and checkpoint calls of the first task only.
+#[must_use]
+pub fn cases(full: bool) -> Vec<Case> {
+    let mut out = Vec::new();
+    let tasks = [Target::First, Target::Second];
+    let slow = [Fault::Delay(0), Fault::Hang, Fault::HangFile];
+    let delay_for = |call: &str| {
+        if call.ends_with("Lock") || call.ends_with(":lock") {
+            4000
+        } else {
+            2000
+        }
+    };
+    let mut push = |call: &'static str, fault: Fault, phase, target, profile| {
+        let fault = match fault {
+            Fault::Delay(0) => Fault::Delay(delay_for(call)),
+            f => f,
+        };
+        out.push(Case {
+            call,
+            fault,
+            phase,
+            target,
+            profile,
+        });
+    };
+    let slow_default = |call: &str, phase: Phase, t: Target| {
+        t == Target::First
+            && match phase {
+                Phase::Dump => {
+                    call.ends_with("Lock")
+                        || call.ends_with(":lock")
+                        || call.ends_with("Checkpoint")
+                        || call.ends_with(":checkpoint")
+                }
+                Phase::Restore => call.ends_with("Restore") || call.ends_with(":restore"),
+                Phase::Rollback => false,
+            }
+    };
+    // Driver API, per task.
+    let phases_of = |call: &str| -> &'static [Phase] {
+        if call.ends_with("Restore")
+            || call.ends_with(":restore")
+            || call.ends_with("Unlock")
+            || call.ends_with(":unlock")
+        {
+            &[Phase::Restore, Phase::Rollback]
+        } else if call.ends_with("GetState") || call.ends_with(":get-state") {
+            &[Phase::Dump, Phase::Rollback]
+        } else {
+            &[Phase::Dump]
+        }
+    };
+    for &call in TASK_CALLS.iter().chain(CLI_TASK_CALLS) {
+        let cli = call.starts_with("cuda-checkpoint");
+        for &phase in phases_of(call) {
+            // The rollback puts back t1 (checkpointed) after t2's checkpoint failed.
+            let targets: &[Target] = if phase == Phase::Rollback {
+                &[Target::First]
+            } else {
+                &tasks
+            };
+            for &t in targets {
+                let mut kinds: Vec<Fault> = CODES.iter().map(|c| Fault::Return(c)).collect();
+                kinds.extend([Fault::ErrorAfter, Fault::Fail, Fault::KillTarget]);
+                if cli {
+                    kinds.extend([Fault::Crash, Fault::Garbage]);
+                }
+                if full || slow_default(call, phase, t) {
+                    kinds.extend(slow);
+                }
+                for k in kinds {
+                    push(call, k, phase, t, "pr3076");
+                }
+            }
+        }
+    }
+    // Calls without a target: at dump and at restore.
+    for &call in GLOBAL_CALLS.iter().chain(&["cuda-checkpoint:help"]) {
+        let cli = call.starts_with("cuda-checkpoint");
+        for phase in [Phase::Dump, Phase::Restore] {
+            let mut kinds: Vec<Fault> = CODES.iter().map(|c| Fault::Return(c)).collect();
+            if cli {
+                kinds.extend([Fault::Crash, Fault::Garbage]);
+            }
+            if full || call == "cuInit" || cli {
+                kinds.extend(slow);
+            }
+            for k in kinds {
+                push(call, k, phase, Target::Any, "pr3076");
+            }
+        }
+    }
+    // The 4.1 rules: no DUMP_FINISH (rollback from exit), RESUME_DEVICES_LATE only logged.
+    for call in [
+        "cuCheckpointProcessLock",
+        "cuCheckpointProcessCheckpoint",
+        "cuda-checkpoint:checkpoint",
+    ] {
+        for t in tasks {
+            for k in [Fault::Return("CUDA_ERROR_UNKNOWN"), Fault::ErrorAfter] {
+                push(call, k, Phase::Dump, t, "4.1");
+            }
+        }
+    }
+    for call in [
+        "cuCheckpointProcessRestore",
+        "cuCheckpointProcessUnlock",
+        "cuda-checkpoint:restore",
+        "cuda-checkpoint:unlock",
+    ] {
+        for t in tasks {
+            for k in [
+                Fault::Return("CUDA_ERROR_UNKNOWN"),
+                Fault::Return("CUDA_ERROR_OUT_OF_MEMORY"),
+                Fault::ErrorAfter,
+                Fault::Fail,
+                Fault::KillTarget,
+            ] {
+                push(call, k, Phase::Restore, t, "4.1");
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What one case did.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    /// The case.
+    pub case: Case,
+    /// Normalised outcome (`dump failed at PAUSE_DEVICES; t1=running t2=running`).
+    pub outcome: String,
+    /// Whether the fault fired at all.
+    pub fired: bool,
+    /// Invariant violations (empty: all held).
+    pub violations: Vec<String>,
+    /// Wall time of the case.
+    pub elapsed: Duration,
+    /// Log excerpt for violations.
+    pub detail: String,
+}
+
+const TASKS: [&str; 3] = ["t1", "t2", "cpu"];
+
+struct Run<'a> {
+    case: Case,
+    art: &'a Artifacts,
+    dir: PathBuf,
+    world: PathBuf,
+    env: Vec<(String, String)>,
+    pids: Vec<i32>,
+    root_child: Option<Child>,
+    violations: Vec<String>,
+    detail: String,
+}
+
+fn v(s: impl Into<String>) -> String {
+    s.into()
+}
+
+/// Runs one case.
+#[must_use]
+pub fn run_case(case: &Case, art: &Artifacts) -> CaseResult {
+    let start = Instant::now();
+    let tmp = tempfile::Builder::new().prefix("sweep-").tempdir();
+    let mut r = match &tmp {
+        Ok(t) => Run {
+            case: *case,
+            art,
+            dir: t.path().to_path_buf(),
+            world: t.path().join("world"),
+            env: Vec::new(),
+            pids: Vec::new(),
+            root_child: None,
+            violations: Vec::new(),
+            detail: String::new(),
+        },
+        Err(e) => {
+            return CaseResult {
+                case: *case,
+                outcome: "setup failed".to_owned(),
+                fired: false,
+                violations: vec![format!("tempdir: {e}")],
+                elapsed: start.elapsed(),
+                detail: String::new(),
+            }
+        }
+    };
+    let (outcome, fired) = match r.execute() {
+        Ok(x) => x,
+        Err(e) => {
+            r.violations
+                .push(format!("setup: {}", e.lines().next().unwrap_or("")));
+            let _ = writeln!(r.detail, "{e}");
+            ("setup failed".to_owned(), false)
+        }
+    };
+    r.cleanup();
+    CaseResult {
+        case: *case,
+        outcome,
+        fired,
+        violations: r.violations,
+        elapsed: start.elapsed(),
+        detail: r.detail,
+    }
+}
+
+/// The result of one engine step.
+struct StepResult {
+    ok: bool,
+    log: String,
+    trace: String,
+    took: Duration,
+    killed: bool,
+}
+
+impl Run<'_> {
+    fn sh(c: &mut Command, what: &str) -> Result<String, String> {
+        let out = c
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{what}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{what} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn world_config(&self, faults: &[(String, Option<i32>, u32, String)]) -> String {
+        let mut t = String::from(
+            "schema = 1\n[driver]\nbranch = 580\n\n[[gpu]]\n\
+             uuid = \"GPU-00000000-0000-4000-8000-000000000000\"\n\
+             name = \"NVIDIA H100 80GB HBM3\"\nmemory_mib = 81559\nchip = \"GH100\"\n",
+        );
+        for (function, pid, nth, action) in faults {
+            let _ = write!(t, "\n[[fault]]\nfunction = \"{function}\"\n");
+            if let Some(p) = pid {
+                let _ = writeln!(t, "pid = {p}");
+            }
+            let _ = writeln!(t, "nth = {nth}\naction = {action}");
+        }
+        t
+    }
+
+    fn configure(&self, verb: &str, text: &str) -> Result<(), String> {
+        let cfg = self.dir.join(format!("world-{verb}.toml"));
+        std::fs::write(&cfg, text).map_err(|e| e.to_string())?;
+        Self::sh(
+            Command::new(&self.art.mock_world)
+                .arg(verb)
+                .arg(&self.world)
+                .arg("--config")
+                .arg(&cfg)
+                .arg("--lib")
+                .arg(&self.art.mock_lib),
+            &format!("mock-world {verb}"),
+        )
+        .map(drop)
+    }
+
+    fn setup(&mut self) -> Result<(), String> {
+        let lib = self.dir.join("lib");
+        let bin = self.dir.join("bin");
+        std::fs::create_dir(&lib).map_err(|e| e.to_string())?;
+        std::fs::create_dir(&bin).map_err(|e| e.to_string())?;
+        std::fs::copy(&self.art.plugin, lib.join("cuda_plugin.so"))
+            .map_err(|e| format!("copy plugin: {e}"))?;
+        std::os::unix::fs::symlink(&self.art.cuda_checkpoint, bin.join("cuda-checkpoint"))
+            .map_err(|e| e.to_string())?;
+        self.configure("init", &self.world_config(&[]))?;
+        self.env = vec![
+            (v("MOCK_CUDA_WORLD"), self.world.display().to_string()),
+            (
+                v("LD_LIBRARY_PATH"),
+                self.world.join("lib").display().to_string(),
+            ),
+            (
+                v("PATH"),
+                format!(
+                    "{}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+                    bin.display()
+                ),
+            ),
+        ];
+        // cpu (the root) -> t1 (CUDA), t2 (CUDA). The root is a CPU task so
+        // that a `kill-target` fault never kills the root of the dumped tree.
+        let app = self.art.mock_app.display().to_string();
+        let d = self.dir.display().to_string();
+        let scripts = [
+            format!(
+                "sh {d}/task1.sh &\nsh {d}/task2.sh &\nexec {app} --report {d}/report2 --threads 0 --cpu-only\n"
+            ),
+            format!("exec {app} --report {d}/report0 --threads 0 --gpus 0 --kib 4\n"),
+            format!("exec {app} --report {d}/report1 --threads 0 --gpus 0 --kib 4\n"),
+        ];
+        for (i, s) in scripts.iter().enumerate() {
+            std::fs::write(self.dir.join(format!("task{i}.sh")), s).map_err(|e| e.to_string())?;
+        }
+        let out =
+            std::fs::File::create(self.dir.join("workload.out")).map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new("setsid")
+            .arg("sh")
+            .arg(self.dir.join("task0.sh"))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn workload: {e}"))?;
+        self.root_child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for (i, task) in TASKS.iter().enumerate() {
+            let report = self.dir.join(format!("report{i}"));
+            let pid = loop {
+                let text = std::fs::read_to_string(&report).unwrap_or_default();
+                if let Some(l) = text.lines().find(|l| l.starts_with("READY ")) {
+                    break field(l, "pid")
+                        .and_then(|p| p.parse::<i32>().ok())
+                        .ok_or_else(|| format!("odd READY line `{l}`"))?;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("task {task} never reported READY"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            self.pids.push(pid);
+        }
+        // t1, t2: main and restore thread.
+        for (i, want) in [2, 2, 1].into_iter().enumerate() {
+            let end = Instant::now() + Duration::from_secs(5);
+            while thread_count(self.pids[i]) < want && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok(())
+    }
+
+    fn faults(&self) -> Vec<(String, Option<i32>, u32, String)> {
+        let c = &self.case;
+        let pid = match c.target {
+            Target::Any => None,
+            Target::First => Some(self.pids[0]),
+            Target::Second => Some(self.pids[1]),
+        };
+        let mut f = vec![(c.call.to_owned(), pid, c.nth(), c.fault.action())];
+        if c.phase == Phase::Rollback {
+            let trigger = if c.cli() {
+                "cuda-checkpoint:checkpoint"
+            } else {
+                "cuCheckpointProcessCheckpoint"
+            };
+            f.push((
+                trigger.to_owned(),
+                Some(self.pids[1]),
+                1,
+                Fault::Return("CUDA_ERROR_UNKNOWN").action(),
+            ));
+        }
+        f
+    }
+
+    /// Runs `harness --host P <verb>`, killing it past [`STEP_LIMIT`].
+    fn step(&self, verb: &str, n: usize, release: bool) -> Result<StepResult, String> {
+        let img = self.dir.join("img");
+        let log = self.dir.join(format!("step{n}.log"));
+        let trace = self.dir.join(format!("step{n}.trace"));
+        let profile: crate::profile::HostProfile =
+            self.case.profile.parse().map_err(|e| format!("{e}"))?;
+        let options = [
+            if self.case.cli() {
+                "cuda_plugin.backend=cuda-checkpoint"
+            } else {
+                "cuda_plugin.backend=driver-api"
+            },
+            "cuda_plugin.timeout=1",
+        ];
+        let mut c = Command::new(&self.art.harness);
+        c.arg("--host").arg(self.case.profile).arg(verb);
+        c.arg("-D")
+            .arg(&img)
+            .arg("-L")
+            .arg(self.dir.join("lib"))
+            .arg("-v4")
+            .arg("-o")
+            .arg(&log)
+            .arg("--trace")
+            .arg(&trace);
+        if verb == "dump" {
+            c.arg("-t").arg(self.pids[2].to_string());
+        }
+        c.env_remove("CRIU_LIBS_DIR")
+            .env_remove("CRIU_FAULT")
+            .env_remove("CRIU_PLUGIN_OPTIONS");
+        if profile.has_plugin_options() {
+            for o in options {
+                c.arg("--plugin-option").arg(o);
+            }
+        } else {
+            c.env("CRIU_PLUGIN_OPTIONS", options.join(" "));
+        }
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c.env("CRIU_CUDA_FORCE_ENABLE", "1");
+        let started = Instant::now();
+        let out = std::fs::File::create(self.dir.join(format!("step{n}.out")))
+            .map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn {verb}: {e}"))?;
+        let mut killed = false;
+        let mut released = false;
+        let status = loop {
+            if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+                break s;
+            }
+            // A task a fault killed is our child (or orphan): reap it, as CRIU's parent would.
+            for &p in &self.pids {
+                if state(p) == 'Z' {
+                    let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
+                }
+            }
+            let t = started.elapsed();
+            if release && !released && t >= HANG_RELEASE {
+                let _ = std::fs::write(self.world.join("release"), "");
+                released = true;
+            }
+            if t > STEP_LIMIT {
+                killed = true;
+                let _ = child.kill();
+                break child.wait().map_err(|e| e.to_string())?;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let took = started.elapsed();
+        if release && !released {
+            let _ = std::fs::write(self.world.join("release"), "");
+        }
+        let mut output = String::new();
+        if let Ok(mut f) = std::fs::File::open(self.dir.join(format!("step{n}.out"))) {
+            let _ = f.read_to_string(&mut output);
+        }
+        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        Ok(StepResult {
+            ok: status.success() && !killed,
+            log: format!("{log_text}{output}"),
+            trace: std::fs::read_to_string(&trace).unwrap_or_default(),
+            took,
+            killed,
+        })
+    }
+
+    fn world_states(&self) -> Result<BTreeMap<i32, String>, String> {
+        let out = Self::sh(
+            Command::new(&self.art.mock_world)
+                .arg("status")
+                .arg(&self.world)
+                .arg("--json"),
+            "mock-world status",
+        )?;
+        let st: serde_json::Value =
+            serde_json::from_str(&out).map_err(|e| format!("mock-world status --json: {e}"))?;
+        let mut m = BTreeMap::new();
+        for &pid in &self.pids {
+            let e = &st["processes"][pid.to_string()];
+            let s = match e["state"].as_u64() {
+                None => "none",
+                Some(0) => "running",
+                Some(1) => "locked",
+                Some(2) => "checkpointed",
+                Some(3) => "failed",
+                Some(_) => "other",
+            };
+            m.insert(pid, s.to_owned());
+        }
+        Ok(m)
+    }
+
+    fn fired(&self) -> bool {
+        let Ok(text) = std::fs::read_to_string(self.world.join("state.json")) else {
+            return false;
+        };
+        let Ok(st) = serde_json::from_str::<serde_json::Value>(&text) else {
+            return false;
+        };
+        st["fault_counts"]["0"]
+            .as_u64()
+            .is_some_and(|n| n >= u64::from(self.case.nth()))
+    }
+
+    fn alive(&self, pid: i32) -> bool {
+        let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        Path::new(&format!("/proc/{pid}")).exists() && !matches!(state(pid), 'Z' | 'X' | '?')
+    }
+
+    fn name(&self, pid: i32) -> &'static str {
+        self.pids
+            .iter()
+            .position(|&p| p == pid)
+            .map_or("?", |i| TASKS[i])
+    }
+
+    /// Where the step failed: the first hook (or init) that returned an error.
+    fn failed_at(trace: &str) -> String {
+        for l in trace.lines() {
+            if let Some(at) = l.find(" -> -").filter(|_| !l.ends_with(" -> -95")) {
+                let mut w = l[..at].split_whitespace();
+                return match (w.next(), w.next()) {
+                    (Some("hook"), Some(h)) => h.to_owned(),
+                    (Some("init"), _) => "init".to_owned(),
+                    (Some(x), _) => x.to_owned(),
+                    _ => "?".to_owned(),
+                };
+            }
+        }
+        if trace.contains("-> failed") {
+            "engine".to_owned()
+        } else {
+            "?".to_owned()
+        }
+    }
+
+    /// The failure is reported by the plugin naming the step, the pid and the reason.
+    fn check_error_named(&mut self, s: &StepResult, fired: bool) {
+        let c = self.case;
+        let steps = [
+            "PAUSE_DEVICES",
+            "CHECKPOINT_DEVICES",
+            "RESUME_DEVICES_LATE",
+            "dump finish",
+            "init",
+            "cuda_plugin",
+        ];
+        let pid = match c.target {
+            Target::Any => None,
+            Target::First => Some(self.pids[0]),
+            Target::Second => Some(self.pids[1]),
+        };
+        let lines: Vec<&str> = s
+            .log
+            .lines()
+            .filter(|l| l.contains("cuda_plugin"))
+            .collect();
+        let named = lines.iter().any(|l| {
+            steps[..4].iter().any(|st| l.contains(st))
+                && (pid.is_none()
+                    || !fired
+                    || l.contains(&format!("pid {}", pid.unwrap_or(0)))
+                    || c.phase == Phase::Rollback)
+                && (!fired || c.fault.reason().is_none_or(|r| l.contains(r)))
+        });
+        let init_named = lines.iter().any(|l| {
+            l.contains("init")
+                && (!fired || c.fault.reason().is_none_or(|r| l.contains(r)) || c.cli())
+        });
+        if !named && !init_named {
+            self.violations.push(format!(
+                "the failure is not reported naming step, pid and {}",
+                c.fault.reason().unwrap_or("cause")
+            ));
+        }
+    }
+
+    /// Tasks that the fault itself took out of the checks: dead, or put in FAILED by `fail`.
+    fn exempt(&self, states: &BTreeMap<i32, String>) -> Vec<i32> {
+        self.pids
+            .iter()
+            .copied()
+            .filter(|&p| {
+                !self.alive(p)
+                    || (self.case.fault == Fault::Fail
+                        && states.get(&p).is_some_and(|s| s == "failed"))
+            })
+            .collect()
+    }
+
+    fn states_text(&self, states: &BTreeMap<i32, String>) -> String {
+        self.pids[..2]
+            .iter()
+            .map(|&p| {
+                let s = if self.alive(p) {
+                    states.get(&p).map_or("?", String::as_str)
+                } else {
+                    "dead"
+                };
+                format!("{}={s}", self.name(p))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Running, untraced, with the expected CUDA state and fd count, data verified.
+    fn check_running(&mut self, what: &str, states: &BTreeMap<i32, String>, skip: &[i32]) {
+        let end = Instant::now() + Duration::from_secs(3);
+        for (i, &p) in self.pids.clone().iter().enumerate() {
+            if skip.contains(&p) {
+                continue;
+            }
+            while crate::pstree::running_untraced(p).is_err() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if let Err(e) = crate::pstree::running_untraced(p) {
+                self.violations
+                    .push(format!("{what}: {} not running untraced ({e})", TASKS[i]));
+            }
+            let want = if i < 2 { "running" } else { "none" };
+            let got = states.get(&p).map_or("?", String::as_str);
+            if got != want {
+                self.violations
+                    .push(format!("{what}: {} CUDA state {got}, not {want}", TASKS[i]));
+            }
+        }
+        let live: Vec<(usize, i32)> = self
+            .pids
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, p)| !skip.contains(p))
+            .collect();
+        for (i, verdict) in self.verify_data(&live) {
+            if !verdict.starts_with("PASS") {
+                self.violations
+                    .push(format!("{what}: {} data check: {verdict}", TASKS[i]));
+            }
+        }
+    }
+
+    fn verify_data(&self, tasks: &[(usize, i32)]) -> Vec<(usize, String)> {
+        let before: Vec<usize> = (0..3)
+            .map(|i| {
+                std::fs::read_to_string(self.dir.join(format!("report{i}")))
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+            })
+            .collect();
+        for (_, pid) in tasks {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGUSR1);
+        }
+        let mut out = Vec::new();
+        for &(i, _) in tasks {
+            let end = Instant::now() + Duration::from_secs(5);
+            let line = loop {
+                let r = std::fs::read_to_string(self.dir.join(format!("report{i}")))
+                    .unwrap_or_default();
+                if let Some(l) = r
+                    .lines()
+                    .skip(before[i])
+                    .find(|l| l.starts_with("PASS") || l.starts_with("FAIL"))
+                {
+                    break l.to_owned();
+                }
+                if let Some(l) = r.lines().find(|l| l.starts_with("FAIL")) {
+                    break l.to_owned();
+                }
+                if Instant::now() > end {
+                    break "no answer to SIGUSR1".to_owned();
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            out.push((i, line));
+        }
+        out
+    }
+
+    /// Processes of this world other than the workload.
+    fn check_leftovers(&mut self) {
+        let tag = format!("MOCK_CUDA_WORLD={}\0", self.world.display());
+        let me = i32::try_from(std::process::id()).unwrap_or(-1);
+        let mut extra = Vec::new();
+        for pid in all_pids() {
+            if self.pids.contains(&pid) || pid == me {
+                continue;
+            }
+            if std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|e| memmem(&e, tag.as_bytes()))
+                && !matches!(state(pid), 'Z' | '?')
+            {
+                extra.push(format!("{pid} ({})", comm(pid)));
+            }
+        }
+        if !extra.is_empty() {
+            self.violations
+                .push(format!("processes left behind: {}", extra.join(", ")));
+        }
+    }
+
+    /// Parked: every thread group-stopped and untraced.
+    fn check_parked(&mut self, what: &str, skip: &[i32]) {
+        let end = Instant::now() + Duration::from_secs(3);
+        for (i, &p) in self.pids.clone().iter().enumerate() {
+            if skip.contains(&p) {
+                continue;
+            }
+            while !parked(p) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if !parked(p) {
+                self.violations.push(format!(
+                    "{what}: {} is not parked ({})",
+                    TASKS[i],
+                    crate::pstree::running_untraced(p).err().unwrap_or_default()
+                ));
+            }
+        }
+    }
+
+    /// Drives each CUDA task back to running with a fault-free `cuda-checkpoint` after a
+    /// SIGCONT.
+    fn recover(&mut self, skip: &[i32]) -> Result<(), String> {
+        self.configure("configure", &self.world_config(&[]))?;
+        for &p in &self.pids {
+            let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
+        }
+        // A request the failed restore abandoned may still complete: let it, then look.
+        std::thread::sleep(Duration::from_millis(100));
+        let states = self.world_states()?;
+        for &p in &self.pids[..2] {
+            if skip.contains(&p) {
+                continue;
+            }
+            let actions: &[&str] = match states.get(&p).map(String::as_str) {
+                Some("checkpointed") => &["restore", "unlock"],
+                Some("locked") => &["unlock"],
+                _ => &[],
+            };
+            for a in actions {
+                Self::sh(
+                    Command::new(&self.art.cuda_checkpoint)
+                        .args(["--action", a, "--pid", &p.to_string()])
+                        .envs(self.env.iter().map(|(k, v)| (k, v))),
+                    &format!("cuda-checkpoint --action {a}"),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self) -> Result<(String, bool), String> {
+        self.setup()?;
+        let c = self.case;
+        let verb = if c.phase == Phase::Restore {
+            let s = self.step("dump", 0, false)?;
+            if !s.ok {
+                return Err(format!("the fault-free dump failed:\n{}", s.log));
+            }
+            "restore"
+        } else {
+            "dump"
+        };
+        let n = usize::from(c.phase == Phase::Restore);
+        self.configure("configure", &self.world_config(&self.faults()))?;
+        let s = self.step(verb, n, c.fault == Fault::HangFile)?;
+        let fired = self.fired();
+        if s.killed {
+            self.violations
+                .push(format!("{verb} still running after {STEP_LIMIT:?}: killed"));
+        }
+        let states = self.world_states()?;
+        let skip = self.exempt(&states);
+        let at = Self::failed_at(&s.trace);
+        let mut outcome = if s.ok {
+            format!("{verb} ok")
+        } else {
+            format!("{verb} failed at {at}")
+        };
+        let _ = write!(outcome, "; {}", self.states_text(&states));
+        if !fired {
+            outcome.push_str(" (not reached)");
+        }
+        let _ = s.took;
+        match (verb, s.ok) {
+            ("dump", false) => {
+                self.check_error_named(&s, fired);
+                // Tasks the rollback reports it could not put back.
+                let reported: Vec<i32> = self
+                    .pids
+                    .iter()
+                    .copied()
+                    .filter(|p| {
+                        s.log.lines().any(|l| {
+                            l.contains("could not be put back") && l.contains(&p.to_string())
+                        })
+                    })
+                    .collect();
+                let mut skip2 = skip.clone();
+                skip2.extend(&reported);
+                self.check_running("after the failed dump", &states, &skip2);
+                if !reported.is_empty() {
+                    outcome.push_str(" (reported stuck)");
+                }
+            }
+            ("dump", true) => {
+                self.check_parked("after the dump", &skip);
+                for &p in &self.pids[..2] {
+                    if !skip.contains(&p) && states[&p] != "checkpointed" {
+                        self.violations.push(format!(
+                            "the dump succeeded but {} is {}",
+                            self.name(p),
+                            states[&p]
+                        ));
+                    }
+                }
+                self.configure("configure", &self.world_config(&[]))?;
+                let r = self.step("restore", 1, false)?;
+                if r.ok {
+                    let st = self.world_states()?;
+                    self.check_running("after a fault-free restore", &st, &skip);
+                } else {
+                    self.violations.push(format!(
+                        "the fault-free restore of that dump failed at {}",
+                        Self::failed_at(&r.trace)
+                    ));
+                    let _ = writeln!(self.detail, "{}", r.log);
+                }
+            }
+            ("restore", true) => {
+                let not_running: Vec<i32> = self.pids[..2]
+                    .iter()
+                    .copied()
+                    .filter(|p| !skip.contains(p) && states[p] != "running")
+                    .collect();
+                if not_running.is_empty() {
+                    self.check_running("after the restore", &states, &skip);
+                } else {
+                    // 4.1 rules: RESUME_DEVICES_LATE errors are only logged.
+                    for &p in &not_running {
+                        let logged = s.log.lines().any(|l| {
+                            l.contains("RESUME_DEVICES_LATE") && l.contains(&format!("pid {p}"))
+                        });
+                        if !logged || c.profile != "4.1" {
+                            self.violations.push(format!(
+                                "the restore succeeded but {} is {}{}",
+                                self.name(p),
+                                states[&p],
+                                if logged { "" } else { " (no error logged)" }
+                            ));
+                        }
+                    }
+                    outcome.push_str(" (logged)");
+                    let mut skip2 = skip.clone();
+                    skip2.extend(&not_running);
+                    self.check_running("after the restore", &states, &skip2);
+                }
+            }
+            _ => {
+                self.check_error_named(&s, fired);
+                self.check_parked("after the failed restore", &skip);
+                for &p in &self.pids[..2] {
+                    if !skip.contains(&p)
+                        && !["checkpointed", "locked", "running"].contains(&states[&p].as_str())
+                    {
+                        self.violations.push(format!(
+                            "after the failed restore {} is {}",
+                            self.name(p),
+                            states[&p]
+                        ));
+                    }
+                }
+                match self.recover(&skip) {
+                    Ok(()) => {
+                        let st = self.world_states()?;
+                        self.check_running("recovered after the failed restore", &st, &skip);
+                    }
+                    Err(e) => self.violations.push(format!("recovery: {e}")),
+                }
+            }
+        }
+        self.check_leftovers();
+        if !self.violations.is_empty() {
+            let _ = writeln!(self.detail, "--- {verb} log\n{}", s.log);
+        }
+        Ok((outcome, fired))
+    }
+
+    fn cleanup(&mut self) {
+        let mut victims: Vec<i32> = self.pids.clone();
+        let tag = format!("MOCK_CUDA_WORLD={}\0", self.world.display());
+        let me = i32::try_from(std::process::id()).unwrap_or(-1);
+        for pid in all_pids() {
+            if pid != me
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|e| memmem(&e, tag.as_bytes()))
+            {
+                victims.push(pid);
+            }
+        }
+        for &p in &victims {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        if let Some(mut c) = self.root_child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let end = Instant::now() + Duration::from_secs(5);
+        for &p in &victims {
+            while Instant::now() < end {
+                let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
+                if !Path::new(&format!("/proc/{p}")).exists() || state(p) == 'Z' {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+fn memmem(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn thread_count(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count)
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn state(pid: i32) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+        .unwrap_or('?')
+}
+
+fn parked(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .all(|t| {
+            let st = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            st.contains("State:\tT (stopped)") && st.contains("TracerPid:\t0")
+        })
+}
+
+/// Runs `cases`, `jobs` at a time; `progress` is called with each result as it completes. A case
+/// that fails its invariants is run a second time, and the second result kept when it holds them
+/// (reported on stderr as flaky). Returns the results in case order.
+pub fn run_all(
+    cases: &[Case],
+    art: &Artifacts,
+    jobs: usize,
+    progress: &(dyn Fn(&CaseResult) + Sync),
+) -> Vec<CaseResult> {
+    let queue: Arc<Mutex<Vec<(usize, Case)>>> = Arc::new(Mutex::new(
+        cases.iter().copied().enumerate().rev().collect(),
+    ));
+    let results: Arc<Mutex<Vec<(usize, CaseResult)>>> = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|sc| {
+        for _ in 0..jobs.max(1) {
+            let queue = Arc::clone(&queue);
+            let results = Arc::clone(&results);
+            sc.spawn(move || loop {
+                let next = queue.lock().map(|mut q| q.pop()).ok().flatten();
+                let Some((i, c)) = next else { break };
+                let mut r = run_case(&c, art);
+                if is_failure(&r) {
+                    // Once more: a 1 s timeout can expire spuriously on a loaded machine. A
+                    // violation that repeats is kept; one that does not is reported as flaky.
+                    let again = run_case(&c, art);
+                    if !is_failure(&again) {
+                        eprintln!(
+                            "flaky: {} ({}) passed on the second try\n{}",
+                            c.repro(),
+                            check_text(&r),
+                            r.detail
+                        );
+                        r = again;
+                    }
+                }
+                progress(&r);
+                if let Ok(mut v) = results.lock() {
+                    v.push((i, r));
+                }
+            });
+        }
+    });
+    let mut v = Arc::try_unwrap(results)
+        .map(|m| m.into_inner().unwrap_or_default())
+        .unwrap_or_default();
+    v.sort_by_key(|(i, _)| *i);
+    v.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The check column: `ok`, `xfail: why`, or `VIOLATION: ...`.
+#[must_use]
+pub fn check_text(r: &CaseResult) -> String {
+    match (r.violations.is_empty(), known_violation(&r.case)) {
+        (true, None) => "ok".to_owned(),
+        (true, Some(_)) => "XPASS (remove the known violation)".to_owned(),
+        (false, Some(why)) => format!("xfail: {why}"),
+        (false, None) => format!("VIOLATION: {}", r.violations.join("; ")),
+    }
+}
+
+/// Whether the row counts as a failure of the sweep.
+#[must_use]
+pub fn is_failure(r: &CaseResult) -> bool {
+    r.violations.is_empty() == known_violation(&r.case).is_some()
+}
+
+/// The sweep table: one row per case, sorted, without times. `states` adds the CUDA state of
+/// each task after the step to the outcome (`t1=running t2=failed`); those depend on timing
+/// (when a `fail` target dies, whether a put-back under a 1 s timeout finished on a loaded
+/// machine), so the snapshot leaves them out.
+#[must_use]
+pub fn table(results: &[CaseResult], states: bool) -> String {
+    let mut rows: Vec<[String; 7]> = results
+        .iter()
+        .map(|r| {
+            [
+                r.case.call.to_owned(),
+                r.case.fault.name(),
+                r.case.phase.name().to_owned(),
+                r.case.target.name().to_owned(),
+                r.case.profile.to_owned(),
+                if states {
+                    r.outcome.clone()
+                } else {
+                    r.outcome.split(';').next().unwrap_or("").to_owned()
+                },
+                check_text(r),
+            ]
+        })
+        .collect();
+    rows.sort();
+    let head = ["call", "fault", "phase", "task", "host", "outcome", "check"];
+    let mut w = head.map(str::len);
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: &[&str]| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                let _ = write!(l, "{c:<width$}  ", width = w[i]);
+            }
+        }
+        l.trim_end().to_owned()
+    };
+    let _ = writeln!(out, "{}", line(&head));
+    for r in &rows {
+        let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "{}", line(&cells));
+    }
+    let fired = results.iter().filter(|r| r.fired).count();
+    let bad = results.iter().filter(|r| is_failure(r)).count();
+    let _ = writeln!(
+        out,
+        "\n{} combinations ({} fired), {} invariant failures",
+        results.len(),
+        fired,
+        bad
+    );
+    out
+}
+
+/// Selects the cases whose key (`call|fault|phase|task|host`) contains `filter`.
+#[must_use]
+pub fn filter(cases: Vec<Case>, filter: &str) -> Vec<Case> {
+    cases
+        .into_iter()
+        .filter(|c| c.key().contains(filter))
+        .collect()
+}
+
+/// Whether this case is slow (a delay or a hang).
+#[must_use]
+pub fn is_slow(c: &Case) -> bool {
+    c.fault.is_slow()
+}
