@@ -292,9 +292,6 @@ pub fn known_violation(c: &Case) -> Option<&'static str> {
              state\" (the documented heuristic): the task is dumped unchecked (real CRIU then \
              refuses its device file)",
         ),
-        ("cuInit", Fault::Hang, _) => {
-            Some("cuInit (and GPU enumeration) run without a deadline: a hung driver hangs CRIU")
-        }
         ("cuda-checkpoint:checkpoint" | "cuda-checkpoint:unlock", Fault::Garbage, _) => Some(
             "an action run that exits 0 is taken as done without checking the state: a \
              utility that exits 0 without acting leaves the task locked",

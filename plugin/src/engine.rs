@@ -338,7 +338,7 @@ impl Engine {
     /// retarget it).
     fn write_gpu_inventory(&mut self, pid: Pid) -> Result<(), EngineError> {
         let step = Step::Checkpoint;
-        match self.host.current_gpus() {
+        match self.host.current_gpus(self.cfg.timeout) {
             Ok(gpus) => {
                 let bytes = crate::inventory::encode(&gpus).map_err(|cause| EngineError::GpuInventory { pid, cause })?;
                 self.host

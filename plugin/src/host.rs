@@ -69,6 +69,7 @@ pub trait Host: Send {
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError>;
     /// Writes the GPU inventory image (whole file, once per dump).
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError>;
-    /// The GPUs of CRIU's view (see [`crate::inventory`] for the enumeration rule).
-    fn current_gpus(&mut self) -> Result<Vec<GpuInfo>, String>;
+    /// The GPUs of CRIU's view (see [`crate::inventory`] for the enumeration rule), within
+    /// `limit` (`None`: no limit).
+    fn current_gpus(&mut self, limit: Option<std::time::Duration>) -> Result<Vec<GpuInfo>, String>;
 }

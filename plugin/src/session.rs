@@ -67,7 +67,8 @@ pub enum InventoryAnswer {
 
 /// Side-effecting services `init` uses.
 pub trait InitServices {
-    fn probe_driver(&mut self, call_init: bool) -> DriverProbe;
+    /// Probes the driver API, giving up after `limit` (`None`: no limit).
+    fn probe_driver(&mut self, call_init: bool, limit: Option<Duration>) -> DriverProbe;
     fn probe_cli(
         &mut self,
         program: Option<&Path>,
@@ -79,8 +80,8 @@ pub trait InitServices {
     fn inventory_consume(&mut self) -> Result<(), String>;
     /// The GPU inventory image of the dump (`None`: the image has none).
     fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String>;
-    /// The GPUs of this host, in CRIU's view.
-    fn current_gpus(&mut self) -> Result<Vec<GpuInfo>, String>;
+    /// The GPUs of this host, in CRIU's view, within `limit` (`None`: no limit).
+    fn current_gpus(&mut self, limit: Option<Duration>) -> Result<Vec<GpuInfo>, String>;
 }
 
 /// An enabled plugin's settings.
@@ -182,7 +183,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
         Stage(other) => return disabled(format!("unknown stage {other}")),
     };
     let pairs: Vec<GpuPair> = if ctx.stage == Stage::RESTORE {
-        resolve_map(map_spec.as_ref(), svc, &mut notes)?
+        resolve_map(map_spec.as_ref(), timeout, svc, &mut notes)?
     } else {
         Vec::new()
     };
@@ -197,7 +198,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
             || {
                 svc_cell
                     .borrow_mut()
-                    .probe_driver(ctx.stage == Stage::RESTORE)
+                    .probe_driver(ctx.stage == Stage::RESTORE, timeout)
             },
             || {
                 svc_cell
@@ -239,6 +240,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
 /// pairs reach drivers that predate them).
 fn resolve_map(
     spec: Option<&MapSpec>,
+    limit: Option<Duration>,
     svc: &mut dyn InitServices,
     notes: &mut Vec<String>,
 ) -> Result<Vec<GpuPair>, PluginError> {
@@ -252,7 +254,7 @@ fn resolve_map(
     if spec.is_none() && inventory.is_none() {
         return Ok(Vec::new());
     }
-    let current = svc.current_gpus().map_err(PluginError::Gpus)?;
+    let current = svc.current_gpus(limit).map_err(PluginError::Gpus)?;
     let resolved = gpu_map::resolve(spec, inventory.as_deref(), &current)?;
     if resolved.is_identity() {
         notes.push(format!(
@@ -311,7 +313,7 @@ mod tests {
     }
 
     impl InitServices for Svc {
-        fn probe_driver(&mut self, call_init: bool) -> DriverProbe {
+        fn probe_driver(&mut self, call_init: bool, _: Option<Duration>) -> DriverProbe {
             self.driver_probes += 1;
             self.init_requested = Some(call_init);
             match self.driver_version {
@@ -352,7 +354,7 @@ mod tests {
         fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String> {
             Ok(self.gpu_image.clone())
         }
-        fn current_gpus(&mut self) -> Result<Vec<GpuInfo>, String> {
+        fn current_gpus(&mut self, _: Option<Duration>) -> Result<Vec<GpuInfo>, String> {
             self.enumerations += 1;
             Ok(self.gpus.clone())
         }

@@ -315,7 +315,10 @@ impl Host for FakeHost {
         w.gpu_inventory = Some(data.to_vec());
         Ok(())
     }
-    fn current_gpus(&mut self) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+    fn current_gpus(
+        &mut self,
+        _: Option<std::time::Duration>,
+    ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
         Ok(vec![crate::inventory::GpuInfo {
             ordinal: 0,
             uuid: abi::GpuUuid([7; 16]),

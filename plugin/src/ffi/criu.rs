@@ -389,8 +389,11 @@ impl Host for CriuHost {
         write_image(crate::inventory::FILE_NAME, data)
     }
 
-    fn current_gpus(&mut self) -> Result<Vec<crate::inventory::GpuInfo>, String> {
-        crate::ffi::cuda::enumerate_gpus()
+    fn current_gpus(
+        &mut self,
+        limit: Option<std::time::Duration>,
+    ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+        crate::ffi::cuda::enumerate_gpus_within(limit)
     }
 }
 

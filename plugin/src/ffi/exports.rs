@@ -175,8 +175,28 @@ fn install_panic_hook() {
 struct RealServices;
 
 impl InitServices for RealServices {
-    fn probe_driver(&mut self, call_init: bool) -> DriverProbe {
-        probe_driver(cuda::load(), call_init)
+    fn probe_driver(&mut self, call_init: bool, limit: Option<Duration>) -> DriverProbe {
+        // On a worker: a driver whose cuDriverGetVersion or cuInit hangs must not hang CRIU.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("cuda_plugin-probe".into())
+            .spawn(move || {
+                let _ = tx.send(probe_driver(cuda::load(), call_init));
+            });
+        if let Err(e) = spawned {
+            return DriverProbe::Error(format!("cannot start a thread to probe the driver: {e}"));
+        }
+        let got = match limit {
+            None => rx.recv().ok(),
+            Some(d) => rx.recv_timeout(d).ok(),
+        };
+        got.unwrap_or_else(|| {
+            crate::ffi::pin_self();
+            DriverProbe::Error(format!(
+                "cuDriverGetVersion/cuInit of libcuda.so.1 timed out after {}",
+                limit.map_or_else(|| "its lifetime".to_owned(), |d| format!("{d:?}"))
+            ))
+        })
     }
     fn probe_cli(
         &mut self,
@@ -195,8 +215,11 @@ impl InitServices for RealServices {
     fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String> {
         criu::read_image(crate::inventory::FILE_NAME).map_err(|e| e.to_string())
     }
-    fn current_gpus(&mut self) -> Result<Vec<crate::inventory::GpuInfo>, String> {
-        cuda::enumerate_gpus()
+    fn current_gpus(
+        &mut self,
+        limit: Option<Duration>,
+    ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+        cuda::enumerate_gpus_within(limit)
     }
 }
 
