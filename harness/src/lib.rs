@@ -33,6 +33,7 @@ pub mod images;
 pub mod inventory;
 pub mod meta;
 pub mod options;
+mod procfs;
 pub mod profile;
 pub mod pstree;
 pub mod runner;

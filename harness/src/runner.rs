@@ -14,6 +14,7 @@
 //! left out) and the plugin log lines, with pids replaced by task names (`root`,
 //! `root.restore` for a restore thread, `criu`, `cuda-checkpoint`), paths and durations removed.
 
+use crate::procfs::{all_pids, comm, field, memmem, parked, state, thread_count};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -1448,41 +1449,6 @@ impl Exec<'_> {
     }
 }
 
-fn memmem(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-fn all_pids() -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-}
-
-fn thread_count(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count)
-}
-
-fn comm(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn state(pid: i32) -> char {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
-        .unwrap_or('?')
-}
-
 fn proc_children(pid: i32) -> Vec<i32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
@@ -1495,17 +1461,6 @@ fn proc_children(pid: i32) -> Vec<i32> {
                 .collect::<Vec<i32>>()
         })
         .collect()
-}
-
-fn parked(pid: i32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .all(|t| {
-            let st = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            st.contains("State:\tT (stopped)") && st.contains("TracerPid:\t0")
-        })
 }
 
 /// Every `*.toml` under `dir`, sorted, with its name: the path relative to `dir` without the

@@ -31,6 +31,7 @@
 //! A task killed by a `kill-target` fault, or put in the FAILED state by a `fail` fault, is
 //! exempt from the per-task checks (the fault did that, not the plugin).
 
+use crate::procfs::{all_pids, comm, field, memmem, parked, state, thread_count};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -1218,52 +1219,6 @@ impl Run<'_> {
             }
         }
     }
-}
-
-fn memmem(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-fn all_pids() -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-}
-
-fn thread_count(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count)
-}
-
-fn comm(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn state(pid: i32) -> char {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
-        .unwrap_or('?')
-}
-
-fn parked(pid: i32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .all(|t| {
-            let st = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            st.contains("State:\tT (stopped)") && st.contains("TracerPid:\t0")
-        })
 }
 
 /// Runs `cases`, `jobs` at a time; `progress` is called with each result as it completes. A case
