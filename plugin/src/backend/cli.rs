@@ -285,7 +285,19 @@ impl Cli {
         let deadline = op_deadline(op, self.timeout);
         let out = self.run(op, pid, full.clone(), deadline)?;
         if out.status == ExitInfo::Code(0) {
-            Ok(())
+            // The utility prints nothing when an action succeeds: anything else means this is
+            // not the utility we think it is (or it is broken), and "exit 0" cannot be trusted
+            // to mean the state changed.
+            if out.output.trim().is_empty() {
+                Ok(())
+            } else {
+                Err(BackendError::BadOutput {
+                    backend: BackendKind::CudaCheckpoint,
+                    op,
+                    pid,
+                    output: out.output,
+                })
+            }
         } else {
             Err(BackendError::Exit {
                 op,
@@ -624,6 +636,14 @@ pub(crate) mod tests {
             b.get_restore_tid(5).unwrap_err(),
             BackendError::BadOutput { .. }
         ));
+        // An action prints nothing on success: output with exit 0 is not trusted.
+        r.answer(0, "checkpointed!?\n");
+        assert!(matches!(
+            b.checkpoint(5).unwrap_err(),
+            BackendError::BadOutput { .. }
+        ));
+        r.answer(0, "");
+        assert!(b.unlock(5).is_ok());
         // Only INVALID_VALUE (1) and NOT_INITIALIZED (3) mean "no CUDA state"; any other
         // failure is an error naming the pid and the probable code, and is not cached.
         r.answer(
