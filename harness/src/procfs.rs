@@ -1,10 +1,10 @@
 //! Small `/proc` readers shared by the scenario runner and the fault sweep.
 
-pub(crate) fn memmem(hay: &[u8], needle: &[u8]) -> bool {
+fn memmem(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-pub(crate) fn all_pids() -> Vec<i32> {
+fn all_pids() -> Vec<i32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -44,4 +44,19 @@ pub(crate) fn parked(pid: i32) -> bool {
             let st = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
             st.contains("State:\tT (stopped)") && st.contains("TracerPid:\t0")
         })
+}
+
+/// Processes other than this one whose environment names the mock world `world`
+/// (`MOCK_CUDA_WORLD=<world>`): the workload, and anything a plugin or a test left behind.
+pub(crate) fn world_processes(world: &std::path::Path) -> Vec<i32> {
+    let tag = format!("MOCK_CUDA_WORLD={}\0", world.display());
+    let me = i32::try_from(std::process::id()).unwrap_or(-1);
+    all_pids()
+        .into_iter()
+        .filter(|&pid| {
+            pid != me
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|e| memmem(&e, tag.as_bytes()))
+        })
+        .collect()
 }

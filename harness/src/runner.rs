@@ -14,7 +14,7 @@
 //! left out) and the plugin log lines, with pids replaced by task names (`root`,
 //! `root.restore` for a restore thread, `criu`, `cuda-checkpoint`), paths and durations removed.
 
-use crate::procfs::{all_pids, comm, field, memmem, parked, state, thread_count};
+use crate::procfs::{comm, field, parked, state, thread_count, world_processes};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -1382,21 +1382,12 @@ impl Exec<'_> {
         let Some(w) = &self.world else {
             return Ok(());
         };
-        let tag = format!("MOCK_CUDA_WORLD={}\0", w.display());
         let ours: BTreeSet<i32> = self.pids.values().copied().collect();
-        let me = std::process::id() as i32;
-        let mut extra = Vec::new();
-        for pid in all_pids() {
-            if ours.contains(&pid) || pid == me {
-                continue;
-            }
-            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
-                continue;
-            };
-            if memmem(&env, tag.as_bytes()) {
-                extra.push(format!("{pid} ({})", comm(pid)));
-            }
-        }
+        let extra: Vec<String> = world_processes(w)
+            .into_iter()
+            .filter(|pid| !ours.contains(pid))
+            .map(|pid| format!("{pid} ({})", comm(pid)))
+            .collect();
         if extra.is_empty() {
             Ok(())
         } else {
@@ -1407,16 +1398,7 @@ impl Exec<'_> {
     fn cleanup(&mut self) {
         let mut victims: Vec<i32> = self.pids.values().copied().collect();
         if let Some(w) = &self.world {
-            let tag = format!("MOCK_CUDA_WORLD={}\0", w.display());
-            let me = std::process::id() as i32;
-            for pid in all_pids() {
-                if pid != me
-                    && std::fs::read(format!("/proc/{pid}/environ"))
-                        .is_ok_and(|e| memmem(&e, tag.as_bytes()))
-                {
-                    victims.push(pid);
-                }
-            }
+            victims.extend(world_processes(w));
         }
         for &p in &victims {
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);

@@ -31,7 +31,7 @@
 //! A task killed by a `kill-target` fault, or put in the FAILED state by a `fail` fault, is
 //! exempt from the per-task checks (the fault did that, not the plugin).
 
-use crate::procfs::{all_pids, comm, field, memmem, parked, state, thread_count};
+use crate::procfs::{comm, field, parked, state, thread_count, world_processes};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -968,20 +968,11 @@ impl Run<'_> {
 
     /// Processes of this world other than the workload.
     fn check_leftovers(&mut self) {
-        let tag = format!("MOCK_CUDA_WORLD={}\0", self.world.display());
-        let me = i32::try_from(std::process::id()).unwrap_or(-1);
-        let mut extra = Vec::new();
-        for pid in all_pids() {
-            if self.pids.contains(&pid) || pid == me {
-                continue;
-            }
-            if std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|e| memmem(&e, tag.as_bytes()))
-                && !matches!(state(pid), 'Z' | '?')
-            {
-                extra.push(format!("{pid} ({})", comm(pid)));
-            }
-        }
+        let extra: Vec<String> = world_processes(&self.world)
+            .into_iter()
+            .filter(|pid| !self.pids.contains(pid) && !matches!(state(*pid), 'Z' | '?'))
+            .map(|pid| format!("{pid} ({})", comm(pid)))
+            .collect();
         if !extra.is_empty() {
             self.violations
                 .push(format!("processes left behind: {}", extra.join(", ")));
@@ -1178,16 +1169,7 @@ impl Run<'_> {
 
     fn cleanup(&mut self) {
         let mut victims: Vec<i32> = self.pids.clone();
-        let tag = format!("MOCK_CUDA_WORLD={}\0", self.world.display());
-        let me = i32::try_from(std::process::id()).unwrap_or(-1);
-        for pid in all_pids() {
-            if pid != me
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|e| memmem(&e, tag.as_bytes()))
-            {
-                victims.push(pid);
-            }
-        }
+        victims.extend(world_processes(&self.world));
         for &p in &victims {
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
         }
