@@ -204,10 +204,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn resume_runs_only_while_resumed_and_restop_restores_mask_and_stop() {
-        let child = Reaped(
-            // `sleep` keeps its signal mask as we set it (a shell would reset it around forks).
+    /// A `sleep 30`: it keeps its signal mask as we set it (a shell would reset it around
+    /// forks).
+    fn sleeper() -> Reaped {
+        Reaped(
             Command::new("/bin/sleep")
                 .arg("30")
                 .stdin(Stdio::null())
@@ -215,7 +215,12 @@ mod tests {
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap(),
-        );
+        )
+    }
+
+    #[test]
+    fn resume_runs_only_while_resumed_and_restop_restores_mask_and_stop() {
+        let child = sleeper();
         let pid = child.0.id() as Pid;
         if !seize_like_criu(pid) {
             eprintln!("skipped: ptrace is not permitted in this environment");
@@ -253,15 +258,7 @@ mod tests {
         }
         assert_eq!(mask_after, mask_before, "signal mask restored");
         // A thread traced by nobody is left alone.
-        let free = Reaped(
-            Command::new("/bin/sleep")
-                .arg("30")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let free = sleeper();
         let fpid = free.0.id() as Pid;
         let r = p.resume(fpid, fpid).unwrap();
         assert_eq!(r.saved_sigmask, None, "not traced by us: nothing to do");
