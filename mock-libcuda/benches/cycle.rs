@@ -1,6 +1,7 @@
 //! Cost of one lock + checkpoint + restore + unlock cycle of a mock workload, through the
-//! driver API and through the `cuda-checkpoint` utility, measured side by side in one run with
-//! interleaved rounds.
+//! driver API and through the `cuda-checkpoint` utility, for a workload woken by its mailbox's
+//! doorbell and for one that polls its mailbox (`MOCK_CUDA_MAILBOX=poll`), measured side by
+//! side in one run with interleaved rounds.
 //!
 //! `cargo bench -p mock-libcuda --bench cycle [-- --rounds N --kib K]`
 //!
@@ -82,29 +83,34 @@ fn main() {
     let so = profile_dir().join("deps").join("libmock_libcuda.so");
     let world = World::create(dir.path(), &cfg, &so).unwrap();
     std::env::set_var("MOCK_CUDA_WORLD", world.dir());
-    let report = dir.path().join("report.txt");
-    let mut app = Command::new(env!("CARGO_BIN_EXE_mock-cuda-app"))
-        .args(["--kib", &kib.to_string(), "--report"])
-        .arg(&report)
-        .env("MOCK_CUDA_WORLD", world.dir())
-        .env("LD_LIBRARY_PATH", world.dir().join("lib"))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = app.id() as i32;
-    while !std::fs::read_to_string(&report)
-        .unwrap_or_default()
-        .contains("READY")
-    {
-        std::thread::sleep(Duration::from_millis(5));
+    // Two workloads side by side: one whose restore thread is woken by the mailbox's doorbell
+    // (the default), one that polls its mailbox every millisecond (`MOCK_CUDA_MAILBOX=poll`).
+    let mut apps = Vec::new();
+    for mode in ["futex", "poll"] {
+        let report = dir.path().join(format!("report-{mode}.txt"));
+        let app = Command::new(env!("CARGO_BIN_EXE_mock-cuda-app"))
+            .args(["--kib", &kib.to_string(), "--report"])
+            .arg(&report)
+            .env("MOCK_CUDA_WORLD", world.dir())
+            .env("LD_LIBRARY_PATH", world.dir().join("lib"))
+            .env(mock_libcuda::target::MAILBOX_ENV, mode)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        while !std::fs::read_to_string(&report)
+            .unwrap_or_default()
+            .contains("READY")
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        apps.push((mode, app, report));
     }
     driver::init(0).unwrap();
     let bin = cuda_checkpoint();
-    let p = pid.to_string();
-    let mut api = Vec::new();
-    let mut util = Vec::new();
+    // [mode][path]: path 0 = driver API, 1 = cuda-checkpoint.
+    let mut samples = vec![[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
     for round in 0..rounds {
-        let run_api = || {
+        let run_api = |pid: i32| {
             let t = Instant::now();
             driver::lock(pid, 10_000).unwrap();
             driver::checkpoint(pid).unwrap();
@@ -112,7 +118,8 @@ fn main() {
             driver::unlock(pid).unwrap();
             t.elapsed()
         };
-        let run_cli = || {
+        let run_cli = |pid: i32| {
+            let p = pid.to_string();
             let t = Instant::now();
             for a in [
                 ["--action", "lock"],
@@ -124,28 +131,39 @@ fn main() {
             }
             t.elapsed()
         };
-        // Alternate which goes first, so drift and warm-up hit both alike.
-        if round % 2 == 0 {
-            api.push(run_api());
-            util.push(run_cli());
-        } else {
-            util.push(run_cli());
-            api.push(run_api());
+        // Rotate the order of the four (mode, path) pairs, so drift and warm-up hit all alike.
+        for k in 0..4 {
+            let slot = (k + round) % 4;
+            let (m, path) = (slot / 2, slot % 2);
+            let pid = apps[m].1.id() as i32;
+            let took = if path == 0 {
+                run_api(pid)
+            } else {
+                run_cli(pid)
+            };
+            samples[m][path].push(took);
+            assert_eq!(driver::get_state(pid), Ok(CUprocessState::RUNNING));
         }
-        assert_eq!(driver::get_state(pid), Ok(CUprocessState::RUNNING));
     }
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGUSR1,
-    );
-    std::thread::sleep(Duration::from_millis(200));
-    let verdict = std::fs::read_to_string(&report).unwrap_or_default();
-    let _ = app.kill();
-    let _ = app.wait();
-    assert!(
-        verdict.contains("PASS"),
-        "the workload's data must survive every cycle: {verdict}"
-    );
+    for (mode, mut app, report) in apps {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(app.id() as i32),
+            nix::sys::signal::Signal::SIGUSR1,
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let verdict = std::fs::read_to_string(&report).unwrap_or_default();
+        let _ = app.kill();
+        let _ = app.wait();
+        assert!(
+            verdict.contains("PASS"),
+            "the {mode} workload's data must survive every cycle: {verdict}"
+        );
+    }
+    let [[api, util], [api_poll, util_poll]] = <[[Vec<Duration>; 2]; 2]>::try_from(samples)
+        .map_err(|_| ())
+        .unwrap();
+    let (pmin, pmed) = stats(api_poll);
+    let (qmin, qmed) = stats(util_poll);
     let (amin, amed) = stats(api);
     let (cmin, cmed) = stats(util);
     println!(
@@ -161,7 +179,21 @@ fn main() {
         "cuda-checkpoint (4 runs)", cmin, cmed
     );
     println!(
+        "{:<26} {:>10.2?} {:>10.2?}",
+        "driver API, polled mailbox", pmin, pmed
+    );
+    println!(
+        "{:<26} {:>10.2?} {:>10.2?}",
+        "cuda-checkpoint, polled", qmin, qmed
+    );
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!(
         "ratio cuda-checkpoint / API (median): {:.1}x",
-        cmed.as_secs_f64() / amed.as_secs_f64()
+        ratio(cmed, amed)
+    );
+    println!(
+        "ratio polled / doorbell mailbox (median): API {:.1}x, cuda-checkpoint {:.1}x",
+        ratio(pmed, amed),
+        ratio(qmed, cmed)
     );
 }

@@ -697,6 +697,9 @@ pub fn unlock(pid: i32) -> R<()> {
 /// Sends `op` to the restore thread of `tgid` and waits for its answer until `deadline`.
 /// `CUDA_ERROR_TIMEOUT` when the thread does not answer in time (stopped, hung); if the thread
 /// had not picked the request up by then, the request is withdrawn and nothing happens.
+/// How long a caller sleeps on the response doorbell before it checks the target is alive.
+const ANSWER_WAIT: Duration = Duration::from_millis(20);
+
 fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
     let dir = w.mailbox_dir(tgid);
     if !dir.is_dir() {
@@ -721,8 +724,19 @@ fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
     let _ = std::fs::remove_file(&resp_path);
     let text = serde_json::to_vec(&req).expect("request serialises");
     crate::world::write_atomic(&req_path, &text).map_err(os_err)?;
+    // A target without a doorbell (MOCK_CUDA_MAILBOX=poll) is polled with backoff.
+    let bell = crate::ffi::sys::Bell::map(&dir.join(target::BELL_FILE), false).ok();
+    if let Some(b) = &bell {
+        b.ring(target::BELL_REQUEST);
+    }
     let mut pause = Duration::from_micros(50);
     loop {
+        // Read the doorbell before looking for the answer: an answer written after the look
+        // changes it, and the wait below returns at once.
+        let seen = bell.as_ref().map(|b| {
+            b.word(target::BELL_RESPONSE)
+                .load(std::sync::atomic::Ordering::SeqCst)
+        });
         if let Some(resp) = read_response(&resp_path) {
             if resp.id == id {
                 let _ = std::fs::remove_file(&resp_path);
@@ -739,8 +753,17 @@ fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
             let _ = std::fs::remove_file(&req_path);
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(1));
+        match (&bell, seen) {
+            (Some(b), Some(seen)) => {
+                // Bounded, so liveness and the deadline are still checked while waiting.
+                let left = deadline.saturating_duration_since(Instant::now());
+                b.wait(target::BELL_RESPONSE, seen, left.min(ANSWER_WAIT));
+            }
+            _ => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+        }
     }
 }
 

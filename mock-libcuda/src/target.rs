@@ -4,7 +4,8 @@
 //! It then gets:
 //! * a **restore thread** (named `cuda` + 11 hex digits, like the driver's), whose TID
 //!   `cuCheckpointProcessGetRestoreThreadId` reports. Lock, checkpoint, restore and unlock
-//!   requests are carried out by this thread, which polls the process's mailbox in the world.
+//!   requests are carried out by this thread, which serves the process's mailbox in the world:
+//!   a caller writes a request file and rings a futex doorbell shared through a file mapping.
 //!   A request to a process whose restore thread is stopped (SIGSTOP, ptrace) therefore makes no
 //!   progress and the caller gives up after its timeout.
 //! * an **API gate**: workload calls (allocations, copies, …) enter it; a lock waits for the
@@ -29,8 +30,24 @@ use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How often the restore thread looks at its mailbox.
+/// How often the restore thread looks at its mailbox when it has no doorbell
+/// (`MOCK_CUDA_MAILBOX=poll`, or the doorbell could not be mapped).
 const POLL: Duration = Duration::from_millis(1);
+
+/// How long the restore thread sleeps on its doorbell before it looks at the mailbox anyway.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// The doorbell word a caller rings after writing a request.
+pub(crate) const BELL_REQUEST: usize = 0;
+/// The doorbell word the restore thread rings after writing a response.
+pub(crate) const BELL_RESPONSE: usize = 1;
+/// The doorbell's file in a mailbox.
+pub(crate) const BELL_FILE: &str = "bell";
+
+/// Environment variable choosing how a target's restore thread learns of requests: `futex`
+/// (the default: a doorbell wakes it) or `poll` (it looks every millisecond, as the mock did
+/// before it had a doorbell; for measuring the difference).
+pub const MAILBOX_ENV: &str = "MOCK_CUDA_MAILBOX";
 
 /// A request to a target's restore thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,6 +114,8 @@ pub struct Runtime {
     saved: Mutex<Vec<SavedAlloc>>,
     gpu_handle: Mutex<Option<OwnedFd>>,
     restore_tid: OnceLock<i32>,
+    /// The mailbox's doorbell; `None`: the restore thread polls.
+    bell: OnceLock<crate::ffi::sys::Bell>,
     /// The world as the restore thread last read it, with its config's modification time.
     current: Mutex<(Arc<World>, Option<std::time::SystemTime>)>,
     /// The world's entry as it was when this process was checkpointed: a process restored from
@@ -145,6 +164,7 @@ pub fn ensure_registered(
         saved: Mutex::new(Vec::new()),
         gpu_handle: Mutex::new(crate::ffi::sys::open_gpu_handle()),
         restore_tid: OnceLock::new(),
+        bell: OnceLock::new(),
         checkpoint_entry: Mutex::new(None),
         current: Mutex::new((
             Arc::clone(world),
@@ -156,6 +176,12 @@ pub fn ensure_registered(
     let mailbox = world.mailbox_dir(pid);
     let _ = std::fs::remove_dir_all(&mailbox);
     std::fs::create_dir_all(&mailbox).map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    if std::env::var(MAILBOX_ENV).as_deref() != Ok("poll") {
+        // Without a doorbell (it could not be mapped) callers find no bell file and poll.
+        if let Ok(bell) = crate::ffi::sys::Bell::map(&mailbox.join(BELL_FILE), true) {
+            let _ = rt.bell.set(bell);
+        }
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let thread_rt = Arc::clone(&rt);
     std::thread::Builder::new()
@@ -253,12 +279,19 @@ impl Runtime {
     fn restore_thread_loop(&self) {
         let dir = self.world.mailbox_dir(self.pid);
         let req_path = dir.join("req.json");
+        let bell = self.bell.get();
         loop {
             // Nothing but the mailbox is touched while idle: this thread is stopped (by CRIU,
             // by SIGSTOP) at arbitrary points, and must never be stopped holding the world's
-            // lock or a file lock CRIU would refuse to dump.
-            std::thread::sleep(POLL);
+            // lock or a file lock CRIU would refuse to dump. The doorbell is read before the
+            // mailbox, so a request written after the look rings a changed value and the wait
+            // returns at once: no wake-up is lost.
+            let seen = bell.map(|b| b.word(BELL_REQUEST).load(SeqCst));
             let Some(req) = take_request(&req_path) else {
+                match (bell, seen) {
+                    (Some(b), Some(seen)) => b.wait(BELL_REQUEST, seen, IDLE_WAIT),
+                    _ => std::thread::sleep(POLL),
+                }
                 continue;
             };
             // A process restored from images may not be known as checkpointed yet.
@@ -270,6 +303,9 @@ impl Runtime {
             };
             let text = serde_json::to_vec(&resp).expect("response serialises");
             let _ = crate::world::write_atomic(&dir.join("resp.json"), &text);
+            if let Some(b) = bell {
+                b.ring(BELL_RESPONSE);
+            }
         }
     }
 
