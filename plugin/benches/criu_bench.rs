@@ -66,6 +66,7 @@ struct Opts {
     svg: Option<PathBuf>,
     no_svg: bool,
     list: bool,
+    world_dir: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Opts, String> {
@@ -80,6 +81,7 @@ fn parse_args() -> Result<Opts, String> {
         svg: None,
         no_svg: false,
         list: false,
+        world_dir: None,
     };
     let mut it = std::env::args().skip(1);
     let mut explicit_rounds = false;
@@ -111,11 +113,12 @@ fn parse_args() -> Result<Opts, String> {
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--svg" => o.svg = Some(PathBuf::from(value("--svg")?)),
             "--no-svg" => o.no_svg = true,
+            "--world-dir" => o.world_dir = Some(PathBuf::from(value("--world-dir")?)),
             "--list" => o.list = true,
             "-h" | "--help" => {
                 return Err("usage: criu_bench [--bench] [--rounds R] [--sizes 1,8,32] \
                             [--criu PATH] [--no-emulated] [--no-scenarios] [--out DIR] \
-                            [--svg PATH] [--no-svg]"
+                            [--svg PATH] [--no-svg] [--world-dir DIR]"
                     .into())
             }
             // libtest options `cargo test` may pass (--nocapture, --test-threads N, filters…).
@@ -187,6 +190,8 @@ struct CriuStats {
     frozen: f64,
     memdump: f64,
     memwrite: f64,
+    /// Pages written to the images (`pages_written`).
+    pages: f64,
     forking: f64,
     restore: f64,
 }
@@ -215,12 +220,37 @@ struct Bench {
     criu: PathBuf,
     criu_version: String,
     a: &'static Artifacts,
+    /// Where the mock worlds live (see [`world_base`]).
+    world_base: PathBuf,
+}
+
+/// The directory for the mock worlds: `--world-dir`, else `/dev/shm` when it is a writable
+/// directory, else the system's temporary directory. A world models the driver's and the
+/// GPU's memory (device data, state, mailboxes), so it belongs in memory like theirs; CRIU's
+/// images stay in the sample directory under the temporary directory, for every configuration
+/// alike.
+fn world_base(o: &Opts) -> PathBuf {
+    if let Some(d) = &o.world_dir {
+        return d.clone();
+    }
+    let shm = Path::new("/dev/shm");
+    let writable = tempfile::Builder::new()
+        .prefix("criu-bench-probe-")
+        .tempdir_in(shm)
+        .is_ok();
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
 }
 
 /// One sample's directory, world and tree.
 struct Run<'b> {
     b: &'b Bench,
     dir: Option<tempfile::TempDir>,
+    /// The directory holding the world (under [`Bench::world_base`]).
+    world_dir: Option<tempfile::TempDir>,
     path: PathBuf,
     world: PathBuf,
     libdir: PathBuf,
@@ -238,7 +268,12 @@ impl<'b> Run<'b> {
             .tempdir()
             .map_err(|e| format!("a temporary directory: {e}"))?;
         let p = dir.path().to_path_buf();
-        let (world, libdir, bindir) = (p.join("world"), p.join("plugins"), p.join("bin"));
+        let world_dir = tempfile::Builder::new()
+            .prefix("criu-bench-world-")
+            .tempdir_in(&b.world_base)
+            .map_err(|e| format!("a directory under {}: {e}", b.world_base.display()))?;
+        let world = world_dir.path().join("world");
+        let (libdir, bindir) = (p.join("plugins"), p.join("bin"));
         for d in [&libdir, &bindir] {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
         }
@@ -270,6 +305,7 @@ impl<'b> Run<'b> {
             report: p.join("report.txt"),
             path: p,
             dir: Some(dir),
+            world_dir: Some(world_dir),
             world,
             libdir,
             bindir,
@@ -495,6 +531,9 @@ impl Drop for Run<'_> {
             if let Some(d) = self.dir.take() {
                 eprintln!("    kept {} for inspection", d.keep().display());
             }
+            if let Some(d) = self.world_dir.take() {
+                eprintln!("    kept its world {}", d.keep().display());
+            }
         }
     }
 }
@@ -561,6 +600,7 @@ fn sample_in(run: &mut Run<'_>, config: Config, n: usize, round: usize) -> R<Sam
         stats.frozen = d.get(&2).copied().unwrap_or(0) as f64 / 1000.0;
         stats.memdump = d.get(&3).copied().unwrap_or(0) as f64 / 1000.0;
         stats.memwrite = d.get(&4).copied().unwrap_or(0) as f64 / 1000.0;
+        stats.pages = d.get(&7).copied().unwrap_or(0) as f64;
     }
     if let Some(r) = read_stats(&img.join("stats-restore"), 2) {
         stats.forking = r.get(&3).copied().unwrap_or(0) as f64 / 1000.0;
@@ -906,6 +946,7 @@ fn machine() -> Machine {
 struct Report<'a> {
     o: &'a Opts,
     criu_version: String,
+    world_base: String,
     m: &'a Machine,
     samples: &'a [Sample],
     emu: Option<&'a Emulated>,
@@ -934,7 +975,7 @@ impl Report<'_> {
         let _ = writeln!(
             s,
             "\ncriu_bench: CRIU {}, {} round(s), sizes {:?}; {} UTC; {} ({} cores), kernel {}; \
-             load average {} at start, {} at end",
+             load average {} at start, {} at end; mock worlds under {}",
             self.criu_version,
             self.o.rounds,
             self.o.sizes,
@@ -943,7 +984,8 @@ impl Report<'_> {
             m.cores,
             m.kernel,
             m.load_start,
-            m.load_end
+            m.load_end,
+            self.world_base
         );
         let _ = writeln!(
             s,
@@ -1070,7 +1112,7 @@ impl Report<'_> {
         );
         let _ = writeln!(
             s,
-            "| config | N | dump | freezing | frozen | memdump | memwrite | PAUSE_DEVICES | CHECKPOINT_DEVICES | restore | forking | restore phase | RESUME_DEVICES_LATE |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "| config | N | dump | freezing | frozen | memdump | memwrite | pages written | PAUSE_DEVICES | CHECKPOINT_DEVICES | restore | forking | restore phase | RESUME_DEVICES_LATE |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         let hook = |x: &Sample, h: &str| x.hooks.get(h).map_or(0.0, |v| v.iter().sum());
         for &n in &self.o.sizes {
@@ -1088,13 +1130,14 @@ impl Report<'_> {
                 };
                 let _ = writeln!(
                     s,
-                    "| {} | {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
+                    "| {} | {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
                     c.name(),
                     self.med(c, n, |x| x.dump_ms),
                     self.med(c, n, |x| x.stats.freezing),
                     self.med(c, n, |x| x.stats.frozen),
                     self.med(c, n, |x| x.stats.memdump),
                     self.med(c, n, |x| x.stats.memwrite),
+                    self.med(c, n, |x| x.stats.pages),
                     h("PAUSE_DEVICES"),
                     h("CHECKPOINT_DEVICES"),
                     self.med(c, n, |x| x.restore_ms),
@@ -1192,13 +1235,13 @@ impl Report<'_> {
             "round,config,n,dump_ms,restore_ms,dump_restore_ms,cli_runs_dump,cli_runs_restore,\
              trace_lines_dump,trace_lines_restore,\
              pause_ms_sum,checkpoint_ms_sum,resume_ms_sum,criu_freezing_ms,criu_frozen_ms,\
-             criu_memdump_ms,criu_memwrite_ms,criu_forking_ms,criu_restore_ms\n",
+             criu_memdump_ms,criu_memwrite_ms,criu_pages_written,criu_forking_ms,criu_restore_ms\n",
         );
         for x in self.samples {
             let h = |n: &str| x.hooks.get(n).map_or(0.0, |v| v.iter().sum::<f64>());
             let _ = writeln!(
                 s,
-                "{},{},{},{:.3},{:.3},{:.3},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}",
+                "{},{},{},{:.3},{:.3},{:.3},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.0},{:.3},{:.3}",
                 x.round,
                 x.config.name(),
                 x.n,
@@ -1216,6 +1259,7 @@ impl Report<'_> {
                 x.stats.frozen,
                 x.stats.memdump,
                 x.stats.memwrite,
+                x.stats.pages,
                 x.stats.forking,
                 x.stats.restore
             );
@@ -1530,6 +1574,7 @@ fn main() -> ExitCode {
         criu,
         criu_version: version,
         a,
+        world_base: world_base(&o),
     };
     let mut m = machine();
     eprintln!(
@@ -1581,6 +1626,7 @@ fn main() -> ExitCode {
     let report = Report {
         o: &o,
         criu_version: b.criu_version.clone(),
+        world_base: b.world_base.display().to_string(),
         m: &m,
         samples: &samples,
         emu: emu.as_ref(),
