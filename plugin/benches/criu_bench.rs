@@ -548,11 +548,26 @@ fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Per hook name, the `done in` time of every call; and under `"<HOOK> (backend)"` and
+/// `"<HOOK> (restore thread)"` the time each call waited on the backend and on restore-thread
+/// control.
 fn collect_hooks(into: &mut BTreeMap<String, Vec<f64>>, log: &str) {
     for (hook, _, ms) in hook_times(log) {
         into.entry(hook).or_default().push(ms);
     }
+    for (hook, _, backend, threads) in hook_waits(log) {
+        into.entry(format!("{hook} {BACKEND_PART}"))
+            .or_default()
+            .push(backend);
+        into.entry(format!("{hook} {THREADS_PART}"))
+            .or_default()
+            .push(threads);
+    }
 }
+
+/// Suffixes of the hook-time keys holding the time waited on the backend and on ptrace.
+const BACKEND_PART: &str = "(backend)";
+const THREADS_PART: &str = "(restore thread)";
 
 /// One dump + restore of a fresh tree of `n` tasks in `config`.
 fn sample(b: &Bench, config: Config, n: usize, round: usize) -> R<Sample> {
@@ -1145,6 +1160,43 @@ impl Report<'_> {
                     self.med(c, n, |x| x.stats.restore),
                     h("RESUME_DEVICES_LATE"),
                 );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\nInside the hooks (medians of the sum over tasks, ms; mean per task in brackets): \
+             waiting on the backend (driver calls or `cuda-checkpoint` runs), on restore-thread \
+             control (ptrace), and the rest (the plugin's own work)\n"
+        );
+        let _ = writeln!(
+            s,
+            "| config | N | hook | total | backend | restore thread | plugin's own |\n|---|---:|---|---:|---:|---:|---:|"
+        );
+        for &n in &self.o.sizes {
+            for c in [Config::Driver, Config::Cli] {
+                if of(self.samples, c, n).is_empty() {
+                    continue;
+                }
+                for h in ["PAUSE_DEVICES", "CHECKPOINT_DEVICES", "RESUME_DEVICES_LATE"] {
+                    let total = self.med(c, n, |x| hook(x, h));
+                    let be = self.med(c, n, |x| hook(x, &format!("{h} {BACKEND_PART}")));
+                    let th = self.med(c, n, |x| hook(x, &format!("{h} {THREADS_PART}")));
+                    let own = self.med(c, n, |x| {
+                        hook(x, h)
+                            - hook(x, &format!("{h} {BACKEND_PART}"))
+                            - hook(x, &format!("{h} {THREADS_PART}"))
+                    });
+                    let per = |v: f64| format!("{v:.1} ({:.2})", v / n as f64);
+                    let _ = writeln!(
+                        s,
+                        "| {} | {n} | {h} | {} | {} | {} | {} |",
+                        c.name(),
+                        per(total),
+                        per(be),
+                        per(th),
+                        per(own)
+                    );
+                }
             }
         }
         if let Some(n) = self.o.sizes.iter().copied().max() {

@@ -25,8 +25,10 @@ use crate::backend::{op_deadline, Backend, BackendError, GpuPair, Op, Pid, Tid};
 use crate::host::{Host, HostError, Level};
 use crate::image::{ImageError, TaskImage};
 use crate::thread::{ThreadControl, ThreadError};
+use crate::timing::{Spent, SpentTimes, TimedBackend, TimedThreads};
 use abi::CUprocessState;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The hook (or step) an error belongs to.
@@ -131,6 +133,8 @@ pub struct Engine {
     tasks: Vec<TaskRecord>,
     inventory_added: bool,
     finished: bool,
+    /// Time spent in the backend and in restore-thread control (see [`Engine::take_spent`]).
+    spent: Arc<Spent>,
 }
 
 impl fmt::Debug for Engine {
@@ -177,15 +181,29 @@ impl Engine {
         host: Box<dyn Host>,
         cfg: EngineConfig,
     ) -> Self {
+        let spent = Arc::new(Spent::default());
         Engine {
-            backend,
-            threads,
+            backend: Box::new(TimedBackend {
+                inner: backend,
+                spent: Arc::clone(&spent),
+            }),
+            threads: Box::new(TimedThreads {
+                inner: threads,
+                spent: Arc::clone(&spent),
+            }),
             host,
             cfg,
             tasks: Vec::new(),
             inventory_added: false,
             finished: false,
+            spent,
         }
+    }
+
+    /// The time spent waiting on the backend and on restore-thread control since the last
+    /// call (the hooks log it next to their total).
+    pub fn take_spent(&self) -> SpentTimes {
+        self.spent.take()
     }
 
     /// The per-task records, in PAUSE_DEVICES order.

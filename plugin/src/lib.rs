@@ -19,6 +19,7 @@
 //! | [`engine`] | The per-task lifecycle: PAUSE, CHECKPOINT, DUMP_FINISH/exit rollback, RESUME. |
 //! | [`backend`] | The [`backend::Backend`] trait and its two implementations. |
 //! | [`thread`] | The [`thread::ThreadControl`] seam: running only the restore thread of a stopped task. |
+//! | [`timing`] | Where a hook's time goes: the backend and restore-thread control, timed at their seams. |
 //! | [`host`] | The [`host::Host`] seam: CRIU's logging, inventory and image files. |
 //! | [`image`] | The per-task image written at dump and read at restore. |
 //! | [`inventory`] | The GPU inventory image: the GPUs the dump saw. |
@@ -55,6 +56,7 @@ pub mod options;
 pub mod select;
 pub mod session;
 pub mod thread;
+pub mod timing;
 
 /// The plugin's name: the descriptor's `name`, the inventory entry and the option namespace.
 pub const PLUGIN_NAME: &str = "cuda_plugin";

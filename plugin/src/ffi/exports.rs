@@ -348,11 +348,23 @@ fn per_task(
     if *s != stage {
         return -libc::ENOTSUP;
     }
+    let _ = engine.take_spent();
     let t = Instant::now();
     let r = f(engine, pid);
     let ms = t.elapsed().as_secs_f64() * 1000.0;
+    let spent = engine.take_spent();
     match r {
         Ok(Outcome::Handled) => {
+            let in_ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+            log(
+                Level::Debug,
+                &format!(
+                    "{name} pid {pid}: waited {:.1} ms on {}, {:.1} ms on restore-thread control",
+                    in_ms(spent.backend),
+                    engine.backend().kind(),
+                    in_ms(spent.threads)
+                ),
+            );
             log(
                 Level::Debug,
                 &format!("{name} pid {pid}: done in {ms:.1} ms"),

@@ -473,6 +473,27 @@ pub fn hook_times(log: &str) -> Vec<(String, i32, f64)> {
         .collect()
 }
 
+/// `(hook, pid, backend ms, restore-thread control ms)` of every
+/// "cuda_plugin: <HOOK> pid N: waited X ms on BACKEND, Y ms on restore-thread control" line.
+pub fn hook_waits(log: &str) -> Vec<(String, i32, f64, f64)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("cuda_plugin: ")? + "cuda_plugin: ".len()..];
+            let (head, rest) = rest.split_once(": waited ")?;
+            let (backend, rest) = rest.split_once(" ms on ")?;
+            let (_, rest) = rest.split_once(", ")?;
+            let threads = rest.strip_suffix(" ms on restore-thread control")?;
+            let (hook, pid) = head.split_once(" pid ")?;
+            Some((
+                hook.to_owned(),
+                pid.trim().parse().ok()?,
+                backend.trim().parse().ok()?,
+                threads.trim().parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// "n=…, mean …, max … ms" of `xs`.
 pub fn stats(xs: &[f64]) -> String {
     if xs.is_empty() {
