@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark of docs/performance.md, exactly as it was run:
 #
-#   sudo scripts/bench.sh [ROUNDS] [extra criu_bench options...]
+#   bash scripts/bench.sh [ROUNDS] [extra criu_bench options...]     (as root)
 #
 # 1. fetches real CRIU 4.1.x/4.2.x into target/criu (scripts/fetch-criu.sh; a no-op once there),
 # 2. builds the plugin, the mock driver, the fake cuda-checkpoint and the harness in release mode,
