@@ -771,8 +771,10 @@ impl Setup {
             Ok(rest) if self.mapped() => self.repo.join("target").join(rest),
             _ => p.to_path_buf(),
         };
+        // The namespace covers /tmp with a tmpfs; the wrapper keeps only the repository (and so
+        // its target/) visible there.
         ensure!(
-            !q.starts_with("/tmp"),
+            !q.starts_with("/tmp") || q.starts_with(&self.repo),
             "{} is under /tmp, which the docs check covers with a tmpfs (move it)",
             q.display()
         );
@@ -837,7 +839,17 @@ if [ "$DOCS_TARGET" != "$R" ]; then
     export CARGO_TARGET_DIR=$DOCS_TARGET
 fi
 W=$DOCS_W_IN
+# A repository under /tmp (a CI checkout, say) stays visible at its path over the new tmpfs:
+# bind it back from a descriptor opened before the mount (-c: the kernel follows the
+# descriptor, not the path it names, which the tmpfs hides).
+keep_repo=0
+case $DOCS_REPO/ in /tmp/*) keep_repo=1 && exec 8<"$DOCS_REPO" ;; esac
 mount -t tmpfs -o mode=1777 docs-check-tmp /tmp
+if [ "$keep_repo" = 1 ]; then
+    mkdir -p "$DOCS_REPO"
+    mount -c --rbind /proc/self/fd/8 "$DOCS_REPO"
+    exec 8<&-
+fi
 mount -t tmpfs -o mode=0755 docs-check-plugins /usr/lib/criu
 unset CRIU_LIBS_DIR CRIU_PLUGIN_OPTIONS CUDA_VISIBLE_DEVICES CRIU_FAULT HARNESS_HOST \
     MOCK_CUDA_WORLD CRIU_CUDA_PLUGIN_MAX_HOOKS CRIU_CUDA_FORCE_ENABLE
@@ -867,7 +879,8 @@ bash -euo pipefail "$W/block.sh" </dev/null >"$W/stdout" 2>"$W/stderr"
 rc=$?
 set -e
 mkdir -p "$W/logs"
-(cd /tmp && find . -name '*.log' -type f -exec cp --parents {} "$W/logs/" \;) || true
+(cd /tmp && find . -path "./${DOCS_REPO#/tmp/}" -prune -o -name '*.log' -type f \
+    -exec cp --parents {} "$W/logs/" \;) || true
 echo "$rc" >"$W/rc"
 "#;
 
@@ -1035,10 +1048,14 @@ impl<'a> BlockRun<'a> {
                     .map(ns_procs)
                     .and_then(|v| v.first().copied())
                 {
-                    copy_logs(
-                        &PathBuf::from(format!("/proc/{p}/root/tmp")),
-                        &self.file("logs"),
-                    );
+                    let tmp = PathBuf::from(format!("/proc/{p}/root/tmp"));
+                    let repo = self
+                        .s
+                        .repo
+                        .strip_prefix("/tmp")
+                        .ok()
+                        .map(|rel| tmp.join(rel));
+                    copy_logs(&tmp, &self.file("logs"), repo.as_deref());
                 }
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                 let _ = kill_all(self.ns.as_deref(), None);
@@ -1129,23 +1146,32 @@ impl Drop for BlockRun<'_> {
 }
 
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    collect_files_but(dir, None, out);
+}
+
+/// [`collect_files`], leaving out the subtree `skip`.
+fn collect_files_but(dir: &Path, skip: Option<&Path>, out: &mut Vec<PathBuf>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
     for e in rd.flatten() {
         let p = e.path();
+        if skip == Some(p.as_path()) {
+            continue;
+        }
         if p.is_dir() {
-            collect_files(&p, out);
+            collect_files_but(&p, skip, out);
         } else {
             out.push(p);
         }
     }
 }
 
-/// Copies the `*.log` files under `from` to `to`, keeping their relative paths.
-fn copy_logs(from: &Path, to: &Path) {
+/// Copies the `*.log` files under `from` to `to`, keeping their relative paths, except those
+/// under `skip` (the repository, when it lives under the namespace's /tmp).
+fn copy_logs(from: &Path, to: &Path, skip: Option<&Path>) {
     let mut files = Vec::new();
-    collect_files(from, &mut files);
+    collect_files_but(from, skip, &mut files);
     for f in files {
         if f.extension().is_some_and(|e| e == "log") {
             if let Ok(rel) = f.strip_prefix(from) {
