@@ -108,7 +108,7 @@ fn main() {
     driver::init(0).unwrap();
     let bin = cuda_checkpoint();
     // [mode][path]: path 0 = driver API, 1 = cuda-checkpoint.
-    let mut samples = vec![[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    let mut samples: [[Vec<Duration>; 2]; 2] = Default::default();
     for round in 0..rounds {
         let run_api = |pid: i32| {
             let t = Instant::now();
@@ -159,9 +159,7 @@ fn main() {
             "the {mode} workload's data must survive every cycle: {verdict}"
         );
     }
-    let [[api, util], [api_poll, util_poll]] = <[[Vec<Duration>; 2]; 2]>::try_from(samples)
-        .map_err(|_| ())
-        .unwrap();
+    let [[api, util], [api_poll, util_poll]] = samples;
     let (pmin, pmed) = stats(api_poll);
     let (qmin, qmed) = stats(util_poll);
     let (amin, amed) = stats(api);
