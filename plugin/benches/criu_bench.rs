@@ -469,14 +469,7 @@ impl<'b> Run<'b> {
     }
 
     fn wait_tree_gone(&self) -> R {
-        for &pid in &self.pids {
-            let gone = wait_until(Duration::from_secs(20), || {
-                reap();
-                !exists(pid)
-            });
-            ensure!(gone, "pid {pid} of the dumped tree is still there");
-        }
-        Ok(())
+        wait_pids_gone(&self.pids, Duration::from_secs(20))
     }
 
     /// Every task runs free and answers SIGUSR1 with PASS.

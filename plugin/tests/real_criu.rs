@@ -313,14 +313,7 @@ impl Case {
 
     /// Waits until every pid of the tree is gone (reaping what is reparented to us).
     fn wait_tree_gone(&self) -> R {
-        for &pid in &self.pids {
-            let gone = wait_until(Duration::from_secs(10), || {
-                reap();
-                !exists(pid)
-            });
-            ensure!(gone, "pid {pid} of the dumped tree is still there");
-        }
-        Ok(())
+        wait_pids_gone(&self.pids, Duration::from_secs(10))
     }
 
     fn check_running_once(&self) -> R {

@@ -339,6 +339,19 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Waits, for each of `pids` at most `limit`, until its pid is free (reaping what is
+/// reparented to us): CRIU restores a tree with its old pids, and pid 1 reaps slowly.
+pub fn wait_pids_gone(pids: &[i32], limit: Duration) -> R {
+    for &pid in pids {
+        let gone = wait_until(limit, || {
+            reap();
+            !exists(pid)
+        });
+        ensure!(gone, "pid {pid} of the dumped tree is still there");
+    }
+    Ok(())
+}
+
 /// True when `/proc/<pid>` exists (a zombie counts: its pid is still taken).
 pub fn exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
