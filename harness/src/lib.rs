@@ -39,3 +39,4 @@ pub mod pstree;
 pub mod runner;
 pub mod scenario;
 pub mod sweep;
+mod workload;

@@ -15,6 +15,9 @@
 //! `root.restore` for a restore thread, `criu`, `cuda-checkpoint`), paths and durations removed.
 
 use crate::procfs::{comm, field, parked, state, thread_count, world_processes};
+use crate::workload::{
+    cuda_state_name, kill_and_reap, mock_env, run_checked, spawn_root, verify_data, wait_ready,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -23,7 +26,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
-use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
@@ -376,22 +378,6 @@ impl Exec<'_> {
         self.check_end()
     }
 
-    fn sh(&self, c: &mut Command, what: &str) -> Result<String, String> {
-        let out = c
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("{what}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{what} failed ({}): {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
     fn world_table(&self, with_faults: bool) -> Result<toml::Table, String> {
         self.complete_world(self.s.world.clone().unwrap_or_default(), with_faults)
     }
@@ -428,7 +414,7 @@ impl Exec<'_> {
         let cfg = self.dir.join("world.toml");
         let t = self.world_table(false)?;
         std::fs::write(&cfg, t.to_string()).map_err(|e| e.to_string())?;
-        self.sh(
+        run_checked(
             Command::new(&self.art.mock_world)
                 .arg("init")
                 .arg(&w)
@@ -444,20 +430,7 @@ impl Exec<'_> {
             std::os::unix::fs::symlink(&self.art.cuda_checkpoint, bin.join("cuda-checkpoint"))
                 .map_err(|e| e.to_string())?;
         }
-        self.env = vec![
-            ("MOCK_CUDA_WORLD".to_owned(), w.display().to_string()),
-            (
-                "LD_LIBRARY_PATH".to_owned(),
-                w.join("lib").display().to_string(),
-            ),
-            (
-                "PATH".to_owned(),
-                format!(
-                    "{}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-                    bin.display()
-                ),
-            ),
-        ];
+        self.env = mock_env(&w, &bin);
         self.world = Some(w);
         Ok(())
     }
@@ -465,7 +438,7 @@ impl Exec<'_> {
     fn configure_world(&self, cfg: &Path, t: &toml::Table) -> Result<(), String> {
         let w = self.world.clone().ok_or("no mock world")?;
         std::fs::write(cfg, t.to_string()).map_err(|e| e.to_string())?;
-        self.sh(
+        run_checked(
             Command::new(&self.art.mock_world)
                 .arg("configure")
                 .arg(&w)
@@ -513,7 +486,7 @@ impl Exec<'_> {
                         .art
                         .workspace
                         .join("harness/tests/support/testplugin.c");
-                    self.sh(
+                    run_checked(
                         Command::new("cc")
                             .args(["-shared", "-fPIC", "-O0", "-w"])
                             .arg(format!("-DTP_NAME=\"{name}\""))
@@ -557,19 +530,7 @@ impl Exec<'_> {
             std::fs::write(self.dir.join(format!("task{i}.sh")), script)
                 .map_err(|e| e.to_string())?;
         }
-        let out =
-            std::fs::File::create(self.dir.join("workload.out")).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new("setsid")
-            .arg("sh")
-            .arg(self.dir.join("task0.sh"))
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("spawn workload: {e}"))?;
-        self.root_child = Some(child);
+        self.root_child = Some(spawn_root(&self.dir, &self.env)?);
         Ok(())
     }
 
@@ -604,30 +565,9 @@ impl Exec<'_> {
         })?;
         let deadline = Instant::now() + Duration::from_secs(20);
         for (i, t) in tasks.iter().enumerate() {
-            let report = self.dir.join(format!("report{i}"));
-            let pid = loop {
-                let text = std::fs::read_to_string(&report).unwrap_or_default();
-                if let Some(l) = text.lines().find(|l| l.starts_with("READY ")) {
-                    break field(l, "pid")
-                        .and_then(|p| p.parse::<i32>().ok())
-                        .ok_or_else(|| format!("odd READY line `{l}`"))?;
-                }
-                if let Some(l) = text.lines().find(|l| l.starts_with("FAIL ")) {
-                    return Err(format!("task {} failed to start: {l}", t.name));
-                }
-                if Instant::now() > deadline {
-                    let out =
-                        std::fs::read_to_string(self.dir.join("workload.out")).unwrap_or_default();
-                    return Err(format!("task {} never reported READY\n{out}", t.name));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            };
+            let (pid, ready) = wait_ready(&self.dir, i, &t.name, deadline)?;
             if let Some(want) = self.s.expect.start_gpus.get(&t.name) {
-                let text = std::fs::read_to_string(&report).unwrap_or_default();
-                let got: Vec<&str> = text
-                    .lines()
-                    .find(|l| l.starts_with("READY "))
-                    .and_then(|l| field(l, "gpus"))
+                let got: Vec<&str> = field(&ready, "gpus")
                     .map(|g| g.split(',').filter(|u| !u.is_empty()).collect())
                     .unwrap_or_default();
                 if got != *want {
@@ -704,7 +644,7 @@ impl Exec<'_> {
         let Some(w) = &self.world else {
             return Ok(serde_json::Value::Null);
         };
-        let out = self.sh(
+        let out = run_checked(
             Command::new(&self.art.mock_world)
                 .arg("status")
                 .arg(w)
@@ -1108,39 +1048,32 @@ impl Exec<'_> {
         let new = text.get(self.trace_offset..).unwrap_or("").to_owned();
         self.trace_offset = text.len();
         let tasks: BTreeSet<i32> = self.pids.values().copied().collect();
-        let mut out = Vec::new();
-        for l in new.lines() {
-            let Some((caller, call)) = l.split_once(' ') else {
-                continue;
-            };
-            let Ok(caller) = caller.parse::<i32>() else {
-                continue;
-            };
-            if tasks.contains(&caller) {
-                continue;
-            }
+        // Calls made by others than the workload's tasks, as (caller, call).
+        let calls: Vec<(i32, &str)> = new
+            .lines()
+            .filter_map(|l| {
+                let (caller, call) = l.split_once(' ')?;
+                Some((caller.parse::<i32>().ok()?, call))
+            })
+            .filter(|(caller, _)| !tasks.contains(caller))
+            .collect();
+        // A process is a `cuda-checkpoint` run if any of its lines says so, also its earlier ones.
+        for (caller, call) in &calls {
             if call.starts_with("cuda-checkpoint(") {
-                self.cli_pids.insert(caller);
+                self.cli_pids.insert(*caller);
             }
         }
-        for l in new.lines() {
-            let Some((caller, call)) = l.split_once(' ') else {
-                continue;
-            };
-            let Ok(pid) = caller.parse::<i32>() else {
-                continue;
-            };
-            if tasks.contains(&pid) {
-                continue;
-            }
-            let who = match self.procs.get(&pid) {
-                Some(l) => *l,
-                None if self.cli_pids.contains(&pid) => "cuda-checkpoint",
-                None => "other",
-            };
-            out.push(format!("{who} {}", self.normalise(call)));
-        }
-        out
+        calls
+            .iter()
+            .map(|(pid, call)| {
+                let who = match self.procs.get(pid) {
+                    Some(l) => *l,
+                    None if self.cli_pids.contains(pid) => "cuda-checkpoint",
+                    None => "other",
+                };
+                format!("{who} {}", self.normalise(call))
+            })
+            .collect()
     }
 
     /// Pids and tids to task names, paths and durations removed.
@@ -1290,14 +1223,7 @@ impl Exec<'_> {
             for (name, want) in &s.expect.cuda_state {
                 let pid = self.pids[name];
                 let e = &st["processes"][pid.to_string()];
-                let got = match e["state"].as_u64() {
-                    None => "none",
-                    Some(0) => "running",
-                    Some(1) => "locked",
-                    Some(2) => "checkpointed",
-                    Some(3) => "failed",
-                    Some(_) => "other",
-                };
+                let got = cuda_state_name(e);
                 if got != want {
                     return Err(format!(
                         "task {name}: CUDA state {got}, expected {want}\n{}",
@@ -1341,40 +1267,24 @@ impl Exec<'_> {
 
     /// SIGUSR1 to every task; each appends PASS or FAIL to its report.
     fn verify_data(&self, tasks: &[(String, i32)]) -> Result<Vec<(String, String)>, String> {
-        let mut before = BTreeMap::new();
-        for (i, t) in self.s.workload.tasks.iter().enumerate() {
-            let r =
-                std::fs::read_to_string(self.dir.join(format!("report{i}"))).unwrap_or_default();
-            before.insert(t.name.clone(), (i, r.lines().count()));
-        }
-        for (_, pid) in tasks {
-            let _ = kill(Pid::from_raw(*pid), Signal::SIGUSR1);
-        }
-        let mut out = Vec::new();
-        for (name, _) in tasks {
-            let (i, n) = before[name];
-            let end = Instant::now() + Duration::from_secs(5);
-            let line = loop {
-                let r = std::fs::read_to_string(self.dir.join(format!("report{i}")))
-                    .unwrap_or_default();
-                if let Some(l) = r
-                    .lines()
-                    .skip(n)
-                    .find(|l| l.starts_with("PASS") || l.starts_with("FAIL"))
-                {
-                    break l.to_owned();
-                }
-                if let Some(l) = r.lines().take(n).find(|l| l.starts_with("FAIL")) {
-                    break l.to_owned();
-                }
-                if Instant::now() > end {
-                    break "no answer to SIGUSR1".to_owned();
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            };
-            out.push((name.clone(), line));
-        }
-        Ok(out)
+        let index = |name: &str| {
+            self.s
+                .workload
+                .tasks
+                .iter()
+                .position(|t| t.name == name)
+                .ok_or_else(|| format!("no task {name} in the workload"))
+        };
+        let by_index = tasks
+            .iter()
+            .map(|(name, pid)| Ok((index(name)?, *pid)))
+            .collect::<Result<Vec<_>, String>>()?;
+        let verdicts = verify_data(&self.dir, &by_index);
+        Ok(tasks
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(verdicts)
+            .collect())
     }
 
     /// Processes of this world other than the workload (a `cuda-checkpoint` left behind).
@@ -1400,34 +1310,7 @@ impl Exec<'_> {
         if let Some(w) = &self.world {
             victims.extend(world_processes(w));
         }
-        for &p in &victims {
-            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
-        }
-        if let Some(mut c) = self.root_child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let end = Instant::now() + Duration::from_secs(5);
-        for &p in &victims {
-            // Orphans were reparented to this subreaper; others are reaped by their parents.
-            while Instant::now() < end {
-                match waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG)) {
-                    Ok(nix::sys::wait::WaitStatus::StillAlive) => {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        if !Path::new(&format!("/proc/{p}")).exists() || state(p) == 'Z' {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                }
-                if !Path::new(&format!("/proc/{p}")).exists() {
-                    break;
-                }
-            }
-        }
+        kill_and_reap(&victims, self.root_child.take());
     }
 }
 

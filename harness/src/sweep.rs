@@ -31,7 +31,7 @@
 //! A task killed by a `kill-target` fault, or put in the FAILED state by a `fail` fault, is
 //! exempt from the per-task checks (the fault did that, not the plugin).
 
-use crate::procfs::{comm, field, parked, state, thread_count, world_processes};
+use crate::procfs::{comm, parked, state, thread_count, world_processes};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -45,6 +45,9 @@ use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 use crate::runner::Artifacts;
+use crate::workload::{
+    cuda_state_name, kill_and_reap, mock_env, run_checked, spawn_root, verify_data, wait_ready,
+};
 
 /// The longest a faulted step may take before it counts as a hang (and is killed).
 pub const STEP_LIMIT: Duration = Duration::from_secs(20);
@@ -445,10 +448,6 @@ struct Run<'a> {
     detail: String,
 }
 
-fn v(s: impl Into<String>) -> String {
-    s.into()
-}
-
 /// Runs one case.
 #[must_use]
 pub fn run_case(case: &Case, art: &Artifacts) -> CaseResult {
@@ -507,22 +506,6 @@ struct StepResult {
 }
 
 impl Run<'_> {
-    fn sh(c: &mut Command, what: &str) -> Result<String, String> {
-        let out = c
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("{what}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{what} failed ({}): {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
     fn world_config(&self, faults: &[(String, Option<i32>, u32, String)]) -> String {
         let mut t = String::from(
             "schema = 1\n[driver]\nbranch = 580\n\n[[gpu]]\n\
@@ -542,7 +525,7 @@ impl Run<'_> {
     fn configure(&self, verb: &str, text: &str) -> Result<(), String> {
         let cfg = self.dir.join(format!("world-{verb}.toml"));
         std::fs::write(&cfg, text).map_err(|e| e.to_string())?;
-        Self::sh(
+        run_checked(
             Command::new(&self.art.mock_world)
                 .arg(verb)
                 .arg(&self.world)
@@ -565,20 +548,7 @@ impl Run<'_> {
         std::os::unix::fs::symlink(&self.art.cuda_checkpoint, bin.join("cuda-checkpoint"))
             .map_err(|e| e.to_string())?;
         self.configure("init", &self.world_config(&[]))?;
-        self.env = vec![
-            (v("MOCK_CUDA_WORLD"), self.world.display().to_string()),
-            (
-                v("LD_LIBRARY_PATH"),
-                self.world.join("lib").display().to_string(),
-            ),
-            (
-                v("PATH"),
-                format!(
-                    "{}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-                    bin.display()
-                ),
-            ),
-        ];
+        self.env = mock_env(&self.world, &bin);
         // cpu (the root) -> t1 (CUDA), t2 (CUDA). The root is a CPU task so
         // that a `kill-target` fault never kills the root of the dumped tree.
         let app = self.art.mock_app.display().to_string();
@@ -593,34 +563,10 @@ impl Run<'_> {
         for (i, s) in scripts.iter().enumerate() {
             std::fs::write(self.dir.join(format!("task{i}.sh")), s).map_err(|e| e.to_string())?;
         }
-        let out =
-            std::fs::File::create(self.dir.join("workload.out")).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new("setsid")
-            .arg("sh")
-            .arg(self.dir.join("task0.sh"))
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("spawn workload: {e}"))?;
-        self.root_child = Some(child);
+        self.root_child = Some(spawn_root(&self.dir, &self.env)?);
         let deadline = Instant::now() + Duration::from_secs(20);
         for (i, task) in TASKS.iter().enumerate() {
-            let report = self.dir.join(format!("report{i}"));
-            let pid = loop {
-                let text = std::fs::read_to_string(&report).unwrap_or_default();
-                if let Some(l) = text.lines().find(|l| l.starts_with("READY ")) {
-                    break field(l, "pid")
-                        .and_then(|p| p.parse::<i32>().ok())
-                        .ok_or_else(|| format!("odd READY line `{l}`"))?;
-                }
-                if Instant::now() > deadline {
-                    return Err(format!("task {task} never reported READY"));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            };
+            let (pid, _) = wait_ready(&self.dir, i, task, deadline)?;
             self.pids.push(pid);
         }
         // t1, t2: main and restore thread.
@@ -751,7 +697,7 @@ impl Run<'_> {
     }
 
     fn world_states(&self) -> Result<BTreeMap<i32, String>, String> {
-        let out = Self::sh(
+        let out = run_checked(
             Command::new(&self.art.mock_world)
                 .arg("status")
                 .arg(&self.world)
@@ -763,15 +709,7 @@ impl Run<'_> {
         let mut m = BTreeMap::new();
         for &pid in &self.pids {
             let e = &st["processes"][pid.to_string()];
-            let s = match e["state"].as_u64() {
-                None => "none",
-                Some(0) => "running",
-                Some(1) => "locked",
-                Some(2) => "checkpointed",
-                Some(3) => "failed",
-                Some(_) => "other",
-            };
-            m.insert(pid, s.to_owned());
+            m.insert(pid, cuda_state_name(e).to_owned());
         }
         Ok(m)
     }
@@ -929,41 +867,11 @@ impl Run<'_> {
     }
 
     fn verify_data(&self, tasks: &[(usize, i32)]) -> Vec<(usize, String)> {
-        let before: Vec<usize> = (0..3)
-            .map(|i| {
-                std::fs::read_to_string(self.dir.join(format!("report{i}")))
-                    .unwrap_or_default()
-                    .lines()
-                    .count()
-            })
-            .collect();
-        for (_, pid) in tasks {
-            let _ = kill(Pid::from_raw(*pid), Signal::SIGUSR1);
-        }
-        let mut out = Vec::new();
-        for &(i, _) in tasks {
-            let end = Instant::now() + Duration::from_secs(5);
-            let line = loop {
-                let r = std::fs::read_to_string(self.dir.join(format!("report{i}")))
-                    .unwrap_or_default();
-                if let Some(l) = r
-                    .lines()
-                    .skip(before[i])
-                    .find(|l| l.starts_with("PASS") || l.starts_with("FAIL"))
-                {
-                    break l.to_owned();
-                }
-                if let Some(l) = r.lines().find(|l| l.starts_with("FAIL")) {
-                    break l.to_owned();
-                }
-                if Instant::now() > end {
-                    break "no answer to SIGUSR1".to_owned();
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            };
-            out.push((i, line));
-        }
-        out
+        tasks
+            .iter()
+            .map(|&(i, _)| i)
+            .zip(verify_data(&self.dir, tasks))
+            .collect()
     }
 
     /// Processes of this world other than the workload.
@@ -1019,7 +927,7 @@ impl Run<'_> {
                 _ => &[],
             };
             for a in actions {
-                Self::sh(
+                run_checked(
                     Command::new(&self.art.cuda_checkpoint)
                         .args(["--action", a, "--pid", &p.to_string()])
                         .envs(self.env.iter().map(|(k, v)| (k, v))),
@@ -1170,23 +1078,7 @@ impl Run<'_> {
     fn cleanup(&mut self) {
         let mut victims: Vec<i32> = self.pids.clone();
         victims.extend(world_processes(&self.world));
-        for &p in &victims {
-            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
-        }
-        if let Some(mut c) = self.root_child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let end = Instant::now() + Duration::from_secs(5);
-        for &p in &victims {
-            while Instant::now() < end {
-                let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
-                if !Path::new(&format!("/proc/{p}")).exists() || state(p) == 'Z' {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
+        kill_and_reap(&victims, self.root_child.take());
     }
 }
 
