@@ -71,12 +71,7 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
     if paths.is_empty() {
         paths.push(PathBuf::from("scenarios"));
     }
-    let me = std::env::current_exe().context("cannot locate the harness executable")?;
-    let profile = me
-        .parent()
-        .context("the harness executable has no directory")?;
-    let art = runner::Artifacts::locate(profile, &me).map_err(anyhow::Error::msg)?;
-    runner::become_subreaper();
+    let art = artifacts_as_subreaper()?;
     let opts = runner::RunOptions {
         require_criu: std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1"),
     };
@@ -85,6 +80,18 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The built artifacts next to this executable; this process then becomes the subreaper of
+/// the workloads it starts.
+fn artifacts_as_subreaper() -> Result<runner::Artifacts> {
+    let me = std::env::current_exe().context("cannot locate the harness executable")?;
+    let profile = me
+        .parent()
+        .context("the harness executable has no directory")?;
+    let art = runner::Artifacts::locate(profile, &me).map_err(anyhow::Error::msg)?;
+    runner::become_subreaper();
+    Ok(art)
 }
 
 /// `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]`: the fault sweep.
@@ -108,12 +115,7 @@ fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
             other => bail!("harness sweep: unknown argument `{other}`"),
         }
     }
-    let me = std::env::current_exe().context("cannot locate the harness executable")?;
-    let profile = me
-        .parent()
-        .context("the harness executable has no directory")?;
-    let art = runner::Artifacts::locate(profile, &me).map_err(anyhow::Error::msg)?;
-    runner::become_subreaper();
+    let art = artifacts_as_subreaper()?;
     let mut cases = sweep::cases(full);
     if let Some(f) = &only {
         cases = sweep::filter(cases, f);
