@@ -21,12 +21,16 @@
 //! **`--leave-stopped`.** Only a failed dump or `--leave-running` (CRIU's `TASK_ALIVE`) triggers
 //! the rollback, like CRIU's C plugin: with `--leave-stopped` the tasks stay CHECKPOINTED.
 
-use crate::backend::{op_deadline, Backend, BackendError, GpuPair, Op, Pid, Tid};
-use crate::host::{Host, HostError, Level};
+use crate::backend::{
+    op_deadline, Backend, BackendError, GpuPair, LockLimits, Op, Pid, Tid, LOCK_ABANDON_GRACE,
+};
+use crate::host::{FreezeAlarm, Host, HostError, Level};
 use crate::image::{ImageError, TaskImage};
+use crate::options::RestoreFailure;
 use crate::thread::{ThreadControl, ThreadError};
 use crate::timing::{Spent, SpentTimes, TimedBackend, TimedThreads};
 use abi::CUprocessState;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +85,31 @@ pub enum EngineError {
         pid: Pid,
         state: CUprocessState,
     },
+    #[error("{}", freeze_timeout_message(*pid, *criu_timeout, *left, cause.as_ref()))]
+    FreezeTimeout {
+        pid: Pid,
+        /// CRIU's `--timeout`, when known.
+        criu_timeout: Option<u32>,
+        /// What was left of it when the lock started; `None`: it had already expired.
+        left: Option<Duration>,
+        /// The lock's failure, when one was tried.
+        cause: Option<BackendError>,
+    },
+    #[error(
+        "PAUSE_DEVICES pid {pid}: another tool locked the task while the dump was starting \
+         ({cause}; its state is now {state}); that lock is not ours and is left alone"
+    )]
+    ForeignLock {
+        pid: Pid,
+        state: String,
+        cause: BackendError,
+    },
+    #[error(
+        "PAUSE_DEVICES pid {pid}: the task is stopped (its CUDA restore thread {tid} is in state \
+         {state:?}), so the driver cannot lock it and the lock could only time out; continue it \
+         (kill -CONT {pid}) and dump again"
+    )]
+    Stopped { pid: Pid, tid: Tid, state: char },
     #[error("CHECKPOINT_DEVICES pid {pid}: failed to add cuda_plugin to the inventory: {cause}")]
     Inventory { pid: Pid, cause: HostError },
     #[error("{step} pid {pid}: task image: {cause}")]
@@ -94,10 +123,43 @@ pub enum EngineError {
         pid: Pid,
         cause: crate::inventory::InventoryError,
     },
-    #[error("RESUME_DEVICES_LATE pid {pid}: task image: {cause}")]
+    #[error("RESUME_DEVICES_LATE pid {pid}: task image {}: {cause}", crate::image::file_name(*pid))]
     ImageFormat { pid: Pid, cause: ImageError },
+    #[error(
+        "RESUME_DEVICES_LATE pid {pid}: the dump recorded CUDA state for this task, but the \
+         driver knows no CUDA restore thread for it now"
+    )]
+    NoRestoreThread { pid: Pid },
     #[error("dump finish: {} task(s) could not be put back in their initial CUDA state: pids {pids:?}", pids.len())]
     RollbackIncomplete { pids: Vec<Pid> },
+}
+
+fn freeze_timeout_message(
+    pid: Pid,
+    criu_timeout: Option<u32>,
+    left: Option<Duration>,
+    cause: Option<&BackendError>,
+) -> String {
+    let timeout = criu_timeout.map_or_else(
+        || "CRIU's freezing timeout (--timeout)".to_owned(),
+        |t| format!("CRIU's freezing timeout (--timeout {t} s)"),
+    );
+    let what = match (left, cause) {
+        (None, _) => format!("{timeout} has already expired; not locking the task"),
+        (Some(l), None) => format!(
+            "only {} ms are left of {timeout}, too little to lock the task",
+            l.as_millis()
+        ),
+        (Some(l), Some(c)) => format!(
+            "the lock did not finish within the {} ms left of {timeout} ({c})",
+            l.as_millis()
+        ),
+    };
+    format!(
+        "PAUSE_DEVICES pid {pid}: {what}; every CUDA task of the tree must be locked and frozen \
+         within that timeout: raise it (criu dump --timeout SECONDS), or find out what keeps \
+         the task's CUDA work from finishing"
+    )
 }
 
 /// Settings fixed at `init`.
@@ -105,10 +167,39 @@ pub enum EngineError {
 pub struct EngineConfig {
     /// Per-operation timeout; `None` = none.
     pub timeout: Option<Duration>,
+    /// CRIU's `--timeout` in seconds, when known (for messages about its freeze alarm).
+    pub criu_timeout: Option<u32>,
     /// GPU remapping for restore.
     pub pairs: Vec<GpuPair>,
     /// The tasks stay alive after the dump (`--leave-running`, CRIU's `final_state == TASK_ALIVE`).
     pub leave_running: bool,
+    /// Restore: the dump's CUDA tasks by pid, read and validated at `init` from the task list and
+    /// the per-task images. `None` for images written before the task list existed: each task's
+    /// image is then read at its RESUME_DEVICES_LATE.
+    pub restore_tasks: Option<BTreeMap<Pid, TaskImage>>,
+    /// Restore: what to do with a task whose GPU state could not be restored.
+    pub on_restore_failure: RestoreFailure,
+    /// Restore: the host only logs a failed RESUME_DEVICES_LATE and releases the task anyway
+    /// (CRIU 4.1 and 4.2), so [`EngineConfig::on_restore_failure`] applies.
+    pub late_errors_ignored: bool,
+}
+
+/// How much of CRIU's freeze alarm is kept free at the end of a lock: time for undoing a lock
+/// that landed late and for CRIU's own failure path, well before the alarm fires.
+pub const ALARM_RESERVE: Duration = Duration::from_secs(1);
+/// A lock is not even tried with less of the freeze alarm left than this (after the reserve).
+pub const MIN_LOCK_WINDOW: Duration = Duration::from_millis(100);
+
+/// Where the dump's rollback stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    /// No DUMP_FINISH/exit yet.
+    Pending,
+    /// DUMP_FINISH reported success and the tasks stay checkpointed; a later `exit` with a
+    /// failure still rolls back.
+    Kept,
+    /// The rollback ran (or nothing needed one and `exit` came).
+    Done,
 }
 
 /// What the engine knows and did about one CUDA task.
@@ -132,7 +223,9 @@ pub struct Engine {
     cfg: EngineConfig,
     tasks: Vec<TaskRecord>,
     inventory_added: bool,
-    finished: bool,
+    finish: Finish,
+    /// Restore: the tasks RESUME_DEVICES_LATE handled (or tried to).
+    resumed: BTreeSet<Pid>,
     /// Time spent in the backend and in restore-thread control (see [`Engine::take_spent`]).
     spent: Arc<Spent>,
 }
@@ -144,7 +237,7 @@ impl fmt::Debug for Engine {
             .field("cfg", &self.cfg)
             .field("tasks", &self.tasks)
             .field("inventory_added", &self.inventory_added)
-            .field("finished", &self.finished)
+            .field("finish", &self.finish)
             .finish_non_exhaustive()
     }
 }
@@ -195,7 +288,8 @@ impl Engine {
             cfg,
             tasks: Vec::new(),
             inventory_added: false,
-            finished: false,
+            finish: Finish::Pending,
+            resumed: BTreeSet::new(),
             spent,
         }
     }
@@ -250,14 +344,17 @@ impl Engine {
         };
         match initial {
             CUprocessState::RUNNING => {
-                if let Err(cause) = self.backend.lock(pid, self.cfg.timeout) {
-                    // Leave the task as found. A lock that timed out may still complete late, so
-                    // query and undo rather than assume.
-                    if !self.unlock_if_locked(pid) {
-                        rec.locked_by_us = true;
-                        self.tasks.push(rec);
-                    }
-                    return Err(be(cause));
+                if let Some(state) = self.threads.stopped(pid, tid) {
+                    return Err(EngineError::Stopped { pid, tid, state });
+                }
+                let (limits, alarm_left) = self.lock_limits(pid)?;
+                let started = std::time::Instant::now();
+                if let Err(cause) = self.backend.lock(pid, limits) {
+                    // The alarm is to blame only when the lock ran into the limit it set.
+                    let ran_out = limits
+                        .driver
+                        .is_some_and(|d| started.elapsed() + Duration::from_millis(50) >= d);
+                    return Err(self.failed_lock(rec, cause, alarm_left.filter(|_| ran_out)));
                 }
                 rec.locked_by_us = true;
             }
@@ -280,13 +377,97 @@ impl Engine {
         Ok(Outcome::Handled)
     }
 
-    /// After a failed lock of a running (unseized) task: unlock it if the lock took effect after
-    /// all. Returns true when the task is known to be back to RUNNING.
+    /// The limits of the next lock: the per-operation timeout, shortened to what is left of
+    /// CRIU's freeze alarm (less [`ALARM_RESERVE`]) where the host has one, so that the lock
+    /// gives up, and the plugin returns, before CRIU's alarm fires and, five seconds later,
+    /// aborts CRIU without any rollback. Also returns what was left of the alarm when it
+    /// shortened the limits.
+    fn lock_limits(&self, pid: Pid) -> Result<(LockLimits, Option<Duration>), EngineError> {
+        let base = LockLimits::from_timeout(self.cfg.timeout);
+        let timeout = |left| EngineError::FreezeTimeout {
+            pid,
+            criu_timeout: self.cfg.criu_timeout,
+            left,
+            cause: None,
+        };
+        match self.host.freeze_alarm() {
+            FreezeAlarm::Expired => Err(timeout(None)),
+            FreezeAlarm::Armed { left } => {
+                let window = left.saturating_sub(ALARM_RESERVE);
+                if window < MIN_LOCK_WINDOW {
+                    return Err(timeout(Some(left)));
+                }
+                let (limits, shortened) = base.within(window);
+                if shortened {
+                    self.log(
+                        Level::Debug,
+                        &format!(
+                            "pid {pid}: lock limited to {} ms by CRIU's freeze alarm ({} ms left)",
+                            window.as_millis(),
+                            left.as_millis()
+                        ),
+                    );
+                }
+                Ok((limits, shortened.then_some(left)))
+            }
+            FreezeAlarm::Disarmed | FreezeAlarm::Unknown => Ok((base, None)),
+        }
+    }
+
+    /// After a failed lock of a running (unseized) task: leave the task as found. A lock that may
+    /// have landed anyway (a timeout, a transport failure, a driver that reported an error after
+    /// acting) is checked for and undone; a definite refusal because of the task's state
+    /// (`CUDA_ERROR_ILLEGAL_STATE`) means someone else locked it first, and their lock is left
+    /// alone.
+    fn failed_lock(
+        &mut self,
+        mut rec: TaskRecord,
+        cause: BackendError,
+        alarm_left: Option<Duration>,
+    ) -> EngineError {
+        let pid = rec.pid;
+        if cause.is_illegal_state() {
+            let state = match self.backend.get_state(pid) {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("unknown: {e}"),
+            };
+            return EngineError::ForeignLock { pid, state, cause };
+        }
+        if cause.may_have_landed() && !self.unlock_if_locked(pid) {
+            rec.locked_by_us = true;
+            self.tasks.push(rec);
+        }
+        match alarm_left {
+            Some(left) if cause.is_timeout() => EngineError::FreezeTimeout {
+                pid,
+                criu_timeout: self.cfg.criu_timeout,
+                left: Some(left),
+                cause: Some(cause),
+            },
+            _ => EngineError::Backend {
+                step: Step::Pause,
+                pid,
+                cause,
+            },
+        }
+    }
+
+    /// After a failed lock that may have landed: unlock the task if it is locked after all
+    /// (logged). Returns true when the task is known to be back to RUNNING.
     fn unlock_if_locked(&mut self, pid: Pid) -> bool {
         match self.backend.get_state(pid) {
             Ok(CUprocessState::RUNNING) => true,
             Ok(CUprocessState::LOCKED) => match self.backend.unlock(pid) {
-                Ok(()) => true,
+                Ok(()) => {
+                    self.log(
+                        Level::Warn,
+                        &format!(
+                            "PAUSE_DEVICES pid {pid}: the failed lock had landed after all; \
+                             unlocked the task again"
+                        ),
+                    );
+                    true
+                }
                 Err(e) => {
                     self.log(
                         Level::Error,
@@ -299,6 +480,16 @@ impl Engine {
                 self.log(
                     Level::Error,
                     &format!("PAUSE_DEVICES pid {pid}: unexpected state {s} after a failed lock"),
+                );
+                false
+            }
+            Err(e @ BackendError::Busy { .. }) => {
+                self.log(
+                    Level::Info,
+                    &format!(
+                        "PAUSE_DEVICES pid {pid}: cannot check the task now ({e}); the rollback \
+                         checks it again"
+                    ),
                 );
                 false
             }
@@ -340,6 +531,14 @@ impl Engine {
             .write_task_image(pid, &image.encode())
             .map_err(|cause| EngineError::ImageIo { step, pid, cause })?;
         if !self.inventory_added {
+            // With the first checkpointed task: PAUSE_DEVICES has seen the whole tree by now, so
+            // the task list names every CUDA task this dump holds.
+            let list = crate::image::TaskList {
+                pids: self.tasks.iter().map(|t| t.pid).collect(),
+            };
+            self.host
+                .write_task_list(&list.encode())
+                .map_err(|cause| EngineError::ImageIo { step, pid, cause })?;
             self.write_gpu_inventory(pid)?;
             self.host
                 .add_inventory_entry()
@@ -373,20 +572,26 @@ impl Engine {
         Ok(())
     }
 
-    /// DUMP_FINISH(ret), or `exit(DUMP, ret)` on hosts without that hook. Runs once; later calls
-    /// do nothing. `ret` is the dump result (non-zero = failed).
+    /// DUMP_FINISH(ret), or `exit(DUMP, ret)`; both come on hosts that have DUMP_FINISH. `ret`
+    /// is the dump result so far (non-zero = failed). The rollback runs once, as soon as one of
+    /// them learns that the dump failed (or that the tasks stay running): on the newer hosts
+    /// DUMP_FINISH(0) can be followed by `exit(DUMP, ret != 0)` when something after it failed
+    /// (another plugin's DUMP_FINISH, a post-dump action script), and the tasks are then
+    /// resumed, so they must be put back then.
     pub fn dump_finish(&mut self, ret: i32) -> Result<(), EngineError> {
-        if std::mem::replace(&mut self.finished, true) {
+        if self.finish == Finish::Done {
             return Ok(());
         }
         if ret == 0 && !self.cfg.leave_running {
+            self.finish = Finish::Kept;
             return Ok(());
         }
-        let why = if ret != 0 {
-            "the dump failed"
-        } else {
-            "the tasks stay running"
+        let why = match (ret, self.finish) {
+            (0, _) => "the tasks stay running",
+            (_, Finish::Kept) => "the dump failed after DUMP_FINISH reported success",
+            _ => "the dump failed",
         };
+        self.finish = Finish::Done;
         // A deliberately broken build (`--cfg criu_cuda_mutant="skip-rollback"`), only for
         // checking that the scenario corpus catches a plugin that skips its rollback.
         if cfg!(criu_cuda_mutant = "skip-rollback") {
@@ -408,13 +613,30 @@ impl Engine {
             }
             // A call of an earlier put-back that timed out must not block this task's.
             self.backend.settle(Duration::ZERO);
-            match self.put_back(&rec) {
+            let mut steps = Vec::new();
+            match self.put_back(&rec, &mut steps) {
                 Ok(()) => {
                     self.tasks[i].locked_by_us = false;
                     self.tasks[i].checkpointed_by_us = false;
+                    let done = if steps.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", steps.join(", "))
+                    };
                     self.log(
                         Level::Info,
-                        &format!("pid {}: back to {} ({why})", rec.pid, rec.initial),
+                        &format!("pid {}: back to {} ({why}){done}", rec.pid, rec.initial),
+                    );
+                }
+                Err(_) if !self.threads.task_exists(rec.pid) => {
+                    self.tasks[i].locked_by_us = false;
+                    self.tasks[i].checkpointed_by_us = false;
+                    self.log(
+                        Level::Warn,
+                        &format!(
+                            "pid {}: the task exited during the dump; there is nothing to put back",
+                            rec.pid
+                        ),
                     );
                 }
                 Err(e) => {
@@ -432,14 +654,14 @@ impl Engine {
         }
     }
 
-    /// Before a rollback: a driver call abandoned on timeout (a lock that took too long, say)
-    /// blocks every other call until it returns, and may still take effect. Wait for it, at most
-    /// one lock deadline, so the state-driven rollback sees (and undoes) whatever it did; after
-    /// that, stop waiting for it, so that it cannot keep the other tasks locked.
+    /// Before a rollback: a driver call abandoned on timeout (a checkpoint that took too long,
+    /// say) blocks every other call until it returns, and may still take effect. Wait for it, at
+    /// most one lock deadline (the backend waits less for an abandoned lock, which overran the
+    /// driver's own timeout already: [`crate::backend::LOCK_ABANDON_GRACE`]), so the
+    /// state-driven rollback sees (and undoes) whatever it did; after that, stop waiting for it,
+    /// so that it cannot keep the other tasks locked.
     fn settle_abandoned_call(&mut self) {
-        let Some(limit) = op_deadline(Op::Lock, self.cfg.timeout) else {
-            return; // no timeout: no call is ever abandoned
-        };
+        let limit = op_deadline(Op::Lock, self.cfg.timeout).unwrap_or(LOCK_ABANDON_GRACE);
         let t = std::time::Instant::now();
         if self.backend.settle(limit) {
             let waited = t.elapsed();
@@ -457,24 +679,34 @@ impl Engine {
                 Level::Error,
                 &format!(
                     "dump finish: a timed-out driver call is still blocked after another \
-                     {limit:?}; putting the tasks back without waiting for it"
+                     {:?}; putting the tasks back without waiting for it",
+                    t.elapsed()
                 ),
             );
         }
     }
 
     /// Drives one task back to its initial state: resume its restore thread (if CRIU holds it),
-    /// query the state, act, stop the thread again.
-    fn put_back(&mut self, rec: &TaskRecord) -> Result<(), EngineError> {
+    /// query the state, act, stop the thread again. Every step taken is added to `steps`.
+    fn put_back(
+        &mut self,
+        rec: &TaskRecord,
+        steps: &mut Vec<&'static str>,
+    ) -> Result<(), EngineError> {
         let (step, pid) = (Step::DumpFinish, rec.pid);
         let resumed = self.resume_thread(step, pid, rec.restore_tid)?;
-        let driven = self.drive_to(pid, rec.initial);
+        let driven = self.drive_to(pid, rec.initial, steps);
         let stopped = self.threads.restop(resumed);
         driven?;
         stopped.map_err(|cause| EngineError::Thread { step, pid, cause })
     }
 
-    fn drive_to(&mut self, pid: Pid, target: CUprocessState) -> Result<(), EngineError> {
+    fn drive_to(
+        &mut self,
+        pid: Pid,
+        target: CUprocessState,
+        steps: &mut Vec<&'static str>,
+    ) -> Result<(), EngineError> {
         let step = Step::DumpFinish;
         let be = |cause| EngineError::Backend { step, pid, cause };
         let mut state = self.backend.get_state(pid).map_err(be)?;
@@ -484,10 +716,12 @@ impl Engine {
                 (CUprocessState::CHECKPOINTED, _) => {
                     // No remapping: the GPUs are the ones it was checkpointed from.
                     self.backend.restore(pid, &[]).map_err(be)?;
+                    steps.push("restored");
                     state = CUprocessState::LOCKED;
                 }
                 (CUprocessState::LOCKED, CUprocessState::RUNNING) => {
                     self.backend.unlock(pid).map_err(be)?;
+                    steps.push("unlocked");
                     state = CUprocessState::RUNNING;
                 }
                 (CUprocessState::RUNNING | CUprocessState::LOCKED, _) => {
@@ -503,27 +737,94 @@ impl Engine {
         }
     }
 
-    /// RESUME_DEVICES_LATE: the restored task is still ptrace-stopped.
+    /// RESUME_DEVICES_LATE: the restored task is still ptrace-stopped. A failure is returned to
+    /// CRIU; on hosts that ignore it (CRIU 4.1/4.2) the task is also killed or left as it is,
+    /// per [`EngineConfig::on_restore_failure`].
     pub fn resume_devices_late(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
+        self.resumed.insert(pid);
+        let r = self.resume_task(pid);
+        if let Err(e) = &r {
+            self.after_failed_restore(pid, e);
+        }
+        r
+    }
+
+    fn after_failed_restore(&mut self, pid: Pid, e: &EngineError) {
+        if !self.cfg.late_errors_ignored {
+            return; // the host fails the restore itself
+        }
+        match self.cfg.on_restore_failure {
+            RestoreFailure::Kill => match self.threads.kill_task(pid) {
+                Ok(()) => self.log(
+                    Level::Error,
+                    &format!(
+                        "RESUME_DEVICES_LATE pid {pid}: killed the task \
+                         (cuda_plugin.on-restore-failure=kill): its GPU state could not be \
+                         restored ({}), and this CRIU releases a task whatever this hook \
+                         returns; the images are intact, so the restore can be retried",
+                        crate::message::quote(&e.to_string())
+                    ),
+                ),
+                Err(k) => self.log(
+                    Level::Error,
+                    &format!(
+                        "RESUME_DEVICES_LATE pid {pid}: could not kill the task whose GPU state \
+                         could not be restored: {k}"
+                    ),
+                ),
+            },
+            RestoreFailure::Leave => {
+                self.log(
+                    Level::Error,
+                    &format!(
+                        "RESUME_DEVICES_LATE pid {pid}: the task is left checkpointed or locked \
+                         (cuda_plugin.on-restore-failure=leave): its next CUDA call blocks until \
+                         its GPU state is restored by hand (cuda-checkpoint --action restore \
+                         --pid {pid}, then --action unlock --pid {pid})"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// What the dump recorded about `pid`: its restore thread and its initial state, or `None`
+    /// when it had no CUDA state.
+    fn dump_record(&mut self, pid: Pid) -> Result<Option<TaskImage>, EngineError> {
         let step = Step::Resume;
-        let be = |cause| EngineError::Backend { step, pid, cause };
-        let image = match self
+        if let Some(list) = &self.cfg.restore_tasks {
+            return Ok(list.get(&pid).copied());
+        }
+        // An image from before the task list: this task's own image, if any.
+        match self
             .host
             .read_task_image(pid)
             .map_err(|cause| EngineError::ImageIo { step, pid, cause })?
         {
-            Some(bytes) => Some(
-                TaskImage::decode(&bytes, pid)
-                    .map_err(|cause| EngineError::ImageFormat { pid, cause })?,
-            ),
-            None => None,
-        };
-        let (tid, initial) = match image {
+            Some(bytes) => TaskImage::decode(&bytes, pid)
+                .map(Some)
+                .map_err(|cause| EngineError::ImageFormat { pid, cause }),
+            None => Ok(None),
+        }
+    }
+
+    fn resume_task(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
+        let step = Step::Resume;
+        let be = |cause| EngineError::Backend { step, pid, cause };
+        let listed = self.cfg.restore_tasks.is_some();
+        let record = self.dump_record(pid)?;
+        if listed && record.is_none() {
+            return Ok(Outcome::NotMine); // the dump's task list says: no CUDA state
+        }
+        let (tid, initial) = match record {
             Some(img) if self.threads.thread_exists(pid, img.restore_tid) => {
                 (img.restore_tid, img.initial_state)
             }
             _ => match self.backend.get_restore_tid(pid).map_err(be)? {
-                Some(tid) => (tid, CUprocessState::RUNNING),
+                Some(tid) => (
+                    tid,
+                    record.map_or(CUprocessState::RUNNING, |r| r.initial_state),
+                ),
+                None if listed => return Err(EngineError::NoRestoreThread { pid }),
                 None => return Ok(Outcome::NotMine),
             },
         };
@@ -555,6 +856,28 @@ impl Engine {
             ),
         );
         Ok(Outcome::Handled)
+    }
+
+    /// `exit(RESTORE, ret)`: reports every task of the dump's task list that CRIU never called
+    /// RESUME_DEVICES_LATE for (it cannot have had its GPU state restored).
+    pub fn restore_finish(&mut self, ret: i32) {
+        let Some(list) = &self.cfg.restore_tasks else {
+            return;
+        };
+        let missed: Vec<Pid> = list
+            .keys()
+            .filter(|p| !self.resumed.contains(p))
+            .copied()
+            .collect();
+        if !missed.is_empty() && ret == 0 {
+            self.log(
+                Level::Error,
+                &format!(
+                    "restore: CRIU never called RESUME_DEVICES_LATE for pid(s) {missed:?}, which \
+                     had CUDA state at dump time; their GPU state was not restored"
+                ),
+            );
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 use crate::backend::BackendError;
 use crate::engine::EngineError;
 use crate::gpu_map::MapError;
+use crate::host::HostError;
+use crate::image::ImageError;
 use crate::inventory::InventoryError;
 use crate::options::OptionError;
 use crate::select::SelectError;
@@ -29,11 +31,21 @@ pub enum PluginError {
     RestoreImpossible(String),
     #[error("cannot claim cuda_plugin in the image inventory: {0}")]
     Inventory(String),
+    #[error("restore: {0}")]
+    ImageRead(HostError),
+    #[error("restore: image {name}: {cause}")]
+    TaskImage { name: String, cause: ImageError },
+    #[error(
+        "restore: the dump's task list ({}) names pid {pid}, but its image {} is missing",
+        crate::image::LIST_FILE_NAME,
+        crate::image::file_name(*pid)
+    )]
+    TaskImageMissing { pid: crate::backend::Pid },
 }
 
 fn backend_errno(e: &BackendError) -> i32 {
     match e {
-        BackendError::Timeout { .. } => libc::ETIMEDOUT,
+        BackendError::Timeout { .. } | BackendError::OutputHeld { .. } => libc::ETIMEDOUT,
         BackendError::Busy { .. } => libc::EBUSY,
         BackendError::Spawn { .. } => libc::ENOEXEC,
         BackendError::Cuda { .. }
@@ -47,7 +59,7 @@ fn thread_errno(e: &ThreadError) -> i32 {
     match e {
         ThreadError::Ptrace { errno, .. } if *errno > 0 => *errno,
         ThreadError::Ptrace { .. } => libc::EIO,
-        ThreadError::StopTimeout { .. } => libc::ETIMEDOUT,
+        ThreadError::StopTimeout { .. } | ThreadError::KillTimeout { .. } => libc::ETIMEDOUT,
         ThreadError::Gone { .. } => libc::ESRCH,
     }
 }
@@ -65,10 +77,16 @@ impl PluginError {
             PluginError::Gpus(_) => libc::ENODEV,
             PluginError::Select(_) | PluginError::RestoreImpossible(_) => libc::ENODEV,
             PluginError::Inventory(_) => libc::EIO,
+            PluginError::ImageRead(_)
+            | PluginError::TaskImage { .. }
+            | PluginError::TaskImageMissing { .. } => libc::EINVAL,
             PluginError::Engine(e) => match e {
                 EngineError::Backend { cause, .. } => backend_errno(cause),
                 EngineError::Thread { cause, .. } => thread_errno(cause),
-                EngineError::BadState { .. } => libc::EIO,
+                EngineError::BadState { .. } | EngineError::NoRestoreThread { .. } => libc::EIO,
+                EngineError::FreezeTimeout { .. } => libc::ETIMEDOUT,
+                EngineError::ForeignLock { .. } => libc::EBUSY,
+                EngineError::Stopped { .. } => libc::EAGAIN,
                 EngineError::Inventory { .. }
                 | EngineError::GpuInventory { .. }
                 | EngineError::ImageIo { .. }

@@ -55,6 +55,24 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
+    #[error("image {name} is {kind}, not a regular file")]
+    NotRegular { name: String, kind: &'static str },
+    #[error("image {name} is larger than the {limit} bytes such an image can hold")]
+    TooLarge { name: String, limit: usize },
+}
+
+/// CRIU's freeze alarm (`alarm(--timeout)` around seizing the tree and PAUSE_DEVICES; when it
+/// fires CRIU interrupts what it waits for, and five seconds later aborts without a rollback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreezeAlarm {
+    /// The host exports no `alarm_timeouted`: nothing is known.
+    Unknown,
+    /// No alarm is pending.
+    Disarmed,
+    /// It fires in `left`.
+    Armed { left: std::time::Duration },
+    /// It has fired (`alarm_timeouted()`).
+    Expired,
 }
 
 /// CRIU's services, as the engine uses them.
@@ -65,8 +83,12 @@ pub trait Host: Send {
     fn add_inventory_entry(&mut self) -> Result<(), HostError>;
     /// Writes the per-task image of `pid` (whole file, once).
     fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError>;
+    /// Writes the dump's task list (whole file, once per dump).
+    fn write_task_list(&mut self, data: &[u8]) -> Result<(), HostError>;
     /// Reads the per-task image of `pid`; `None` when there is none.
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError>;
+    /// CRIU's freeze alarm now.
+    fn freeze_alarm(&self) -> FreezeAlarm;
     /// Writes the GPU inventory image (whole file, once per dump).
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError>;
     /// The GPUs of CRIU's view (see [`crate::inventory`] for the enumeration rule), within

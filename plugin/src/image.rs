@@ -1,13 +1,25 @@
-//! The per-task image `cuda-plugin-<pid>.img`, written at CHECKPOINT_DEVICES and read at
-//! RESUME_DEVICES_LATE.
+//! The per-task images `cuda-plugin-<pid>.img` and the dump's task list
+//! `cuda-plugin-tasks.img`, written at CHECKPOINT_DEVICES and read, and validated, at the
+//! restore's `init`, before any task is touched.
 //!
 //! It records what restore cannot find out by itself: the task's CUDA state when the dump
 //! started (so a task that was LOCKED, or already CHECKPOINTED, is restored to that state rather
 //! than to RUNNING) and its restore TID (so the restore needs no `--get-restore-tid` run). It is
 //! one small text file per CUDA task, written once and read once, so it also works through
-//! CRIU's image streamer. A missing file (an image from an older plugin, a pid namespace that
-//! renumbered the task, a streamer without the file) is not an error: restore then probes the
-//! task and assumes it was RUNNING, as CRIU's C plugin does.
+//! CRIU's image streamer.
+//!
+//! The task list names every CUDA task of the dump (every task PAUSE_DEVICES found with CUDA
+//! state), written with the first checkpointed task. A restore reads it at `init` (the image
+//! directory cannot be listed: the streamer serves files by name only), then reads and checks
+//! every per-task image it names: a missing, unreadable or malformed one fails the restore up
+//! front, naming the file. Images from before the task list existed have none; their per-task
+//! images are then read at each task's RESUME_DEVICES_LATE, and a task without one is probed
+//! and assumed to have been RUNNING, as CRIU's C plugin does.
+//!
+//! ```text
+//! cuda_plugin tasks v1
+//! pids 1234 1240
+//! ```
 //!
 //! ```text
 //! cuda_plugin task v1
@@ -21,6 +33,55 @@ use abi::CUprocessState;
 
 /// First line of the file; the trailing number is the format version.
 pub const MAGIC: &str = "cuda_plugin task v1";
+/// First line of the task list.
+pub const LIST_MAGIC: &str = "cuda_plugin tasks v1";
+/// The task list's file name.
+pub const LIST_FILE_NAME: &str = "cuda-plugin-tasks.img";
+/// The largest per-task image read (they are about 80 bytes).
+pub const MAX_TASK_IMAGE: usize = 64 * 1024;
+/// The largest task list read (about 8 bytes per task).
+pub const MAX_TASK_LIST: usize = 1024 * 1024;
+
+/// The dump's CUDA tasks.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskList {
+    pub pids: Vec<Pid>,
+}
+
+impl TaskList {
+    /// The file contents.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let pids: Vec<String> = self.pids.iter().map(ToString::to_string).collect();
+        format!("{LIST_MAGIC}\npids {}\n", pids.join(" ")).into_bytes()
+    }
+
+    /// Parses a file written by [`TaskList::encode`]: the magic, then one `pids` line of
+    /// distinct positive pids; nothing else.
+    pub fn decode(data: &[u8]) -> Result<TaskList, ImageError> {
+        let text = std::str::from_utf8(data).map_err(|_| ImageError::NotText)?;
+        let mut lines = text.lines();
+        let first = lines.next().unwrap_or("");
+        if first != LIST_MAGIC {
+            return Err(ImageError::Magic(crate::message::quote(first).into_owned()));
+        }
+        let line = lines.next().ok_or(ImageError::Missing("pids"))?;
+        let bad = || ImageError::Line(crate::message::quote(line).into_owned());
+        let rest = line.strip_prefix("pids").ok_or_else(bad)?;
+        let mut pids = Vec::new();
+        for w in rest.split_whitespace() {
+            let p: Pid = w.parse().map_err(|_| bad())?;
+            if p <= 0 || pids.contains(&p) {
+                return Err(bad());
+            }
+            pids.push(p);
+        }
+        if let Some(extra) = lines.find(|l| !l.trim().is_empty()) {
+            return Err(ImageError::Line(crate::message::quote(extra).into_owned()));
+        }
+        Ok(TaskList { pids })
+    }
+}
 
 /// The image file name for `pid` (flat, as CRIU's streamer wants).
 #[must_use]
@@ -39,8 +100,12 @@ pub struct TaskImage {
 /// Why an image file is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageError {
-    #[error("not a cuda_plugin task image (first line {0:?})")]
+    #[error("not a cuda_plugin image (first line {0:?})")]
     Magic(String),
+    #[error("not text (a damaged or foreign file)")]
+    NotText,
+    #[error("unknown CUDA state {0:?} (a damaged or foreign file)")]
+    State(String),
     #[error("malformed line {0:?}")]
     Line(String),
     #[error("missing field {0}")]
@@ -65,29 +130,37 @@ impl TaskImage {
     }
 
     /// Parses a file written by [`TaskImage::encode`]; unknown keys are ignored (forward
-    /// compatibility), and the pid must match `expected`.
+    /// compatibility), the pid must match `expected`, and the state must be one a dump
+    /// leaves behind (running, locked or checkpointed).
     pub fn decode(data: &[u8], expected: Pid) -> Result<TaskImage, ImageError> {
-        let text = String::from_utf8_lossy(data);
+        let text = std::str::from_utf8(data).map_err(|_| ImageError::NotText)?;
         let mut lines = text.lines();
         let first = lines.next().unwrap_or("");
         if first != MAGIC {
-            return Err(ImageError::Magic(first.to_owned()));
+            return Err(ImageError::Magic(crate::message::quote(first).into_owned()));
         }
         let (mut pid, mut tid, mut state) = (None, None, None);
         for line in lines.filter(|l| !l.trim().is_empty()) {
             let (k, v) = line
                 .split_once(' ')
-                .ok_or_else(|| ImageError::Line(line.to_owned()))?;
-            let bad = || ImageError::Line(line.to_owned());
+                .ok_or_else(|| ImageError::Line(crate::message::quote(line).into_owned()))?;
+            let bad = || ImageError::Line(crate::message::quote(line).into_owned());
             match k {
                 "pid" => pid = Some(v.parse::<Pid>().map_err(|_| bad())?),
                 "restore_tid" => tid = Some(v.parse::<Tid>().map_err(|_| bad())?),
                 "initial_state" => {
-                    state = Some(
-                        CUprocessState::from_cli_word(v)
-                            .or_else(|| v.parse().ok().map(CUprocessState))
-                            .ok_or_else(bad)?,
-                    );
+                    let st = CUprocessState::from_cli_word(v)
+                        .or_else(|| v.parse().ok().map(CUprocessState))
+                        .ok_or_else(bad)?;
+                    if !matches!(
+                        st,
+                        CUprocessState::RUNNING
+                            | CUprocessState::LOCKED
+                            | CUprocessState::CHECKPOINTED
+                    ) {
+                        return Err(ImageError::State(v.to_owned()));
+                    }
+                    state = Some(st);
                 }
                 _ => {}
             }
@@ -140,11 +213,82 @@ mod tests {
         assert_eq!(file_name(7), "cuda-plugin-7.img");
     }
 
+    #[test]
+    fn damaged_images_are_named_errors() {
+        let good = TaskImage {
+            pid: 10,
+            restore_tid: 12,
+            initial_state: CUprocessState::RUNNING,
+        }
+        .encode();
+        assert_eq!(
+            TaskImage::decode(b"", 10),
+            Err(ImageError::Magic(String::new()))
+        );
+        let cut = String::from_utf8_lossy(&good)
+            .find("initial_state")
+            .unwrap();
+        assert_eq!(
+            TaskImage::decode(&good[..cut], 10),
+            Err(ImageError::Missing("initial_state")),
+            "truncated"
+        );
+        assert!(
+            TaskImage::decode(&good[..cut + 16], 10).is_err(),
+            "cut inside a line"
+        );
+        let mut flipped = good.clone();
+        flipped[3] ^= 0x80;
+        assert_eq!(TaskImage::decode(&flipped, 10), Err(ImageError::NotText));
+        let unknown = String::from_utf8(good.clone())
+            .unwrap()
+            .replace("running", "7");
+        assert_eq!(
+            TaskImage::decode(unknown.as_bytes(), 10),
+            Err(ImageError::State("7".into())),
+            "a state a dump never leaves behind"
+        );
+    }
+
+    #[test]
+    fn task_list_round_trip_and_rejections() {
+        let l = TaskList {
+            pids: vec![5, 77, 1234],
+        };
+        assert_eq!(TaskList::decode(&l.encode()), Ok(l));
+        assert_eq!(
+            TaskList::decode(&TaskList::default().encode()),
+            Ok(TaskList::default())
+        );
+        for bad in [
+            "cuda_plugin tasks v1\npids 5 5\n",
+            "cuda_plugin tasks v1\npids 5 -1\n",
+            "cuda_plugin tasks v1\npids 5 x\n",
+            "cuda_plugin tasks v1\npids 5\nmore\n",
+            "cuda_plugin tasks v2\npids 5\n",
+            "cuda_plugin tasks v1\n",
+        ] {
+            assert!(TaskList::decode(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
+
     proptest! {
         #[test]
-        fn encode_decode_is_identity(pid in 1i32.., tid in 1i32.., st in 0u32..8) {
-            let t = TaskImage { pid, restore_tid: tid, initial_state: CUprocessState(st) };
+        fn encode_decode_is_identity(pid in 1i32.., tid in 1i32.., st in 0u32..3) {
+            let st = [CUprocessState::RUNNING, CUprocessState::LOCKED, CUprocessState::CHECKPOINTED][st as usize];
+            let t = TaskImage { pid, restore_tid: tid, initial_state: st };
             prop_assert_eq!(TaskImage::decode(&t.encode(), pid), Ok(t));
+        }
+
+        #[test]
+        fn task_list_round_trips(pids in proptest::collection::btree_set(1i32.., 0..50)) {
+            let l = TaskList { pids: pids.into_iter().collect() };
+            prop_assert_eq!(TaskList::decode(&l.encode()), Ok(l));
+        }
+
+        #[test]
+        fn task_list_decode_never_panics(data in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = TaskList::decode(&data);
         }
 
         #[test]

@@ -33,6 +33,8 @@ pub const MAGIC: [u8; 8] = *b"CUDAINV\n";
 pub const SCHEMA_VERSION: u32 = 1;
 /// Largest payload accepted (far above any real GPU count), checked before reading it.
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
+/// The largest inventory image read: the header and the largest payload.
+pub const MAX_IMAGE_BYTES: usize = 16 + MAX_PAYLOAD as usize;
 /// Longest GPU name accepted.
 pub const MAX_NAME: usize = 256;
 /// Most GPUs an inventory may list.

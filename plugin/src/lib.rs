@@ -25,6 +25,8 @@
 //! | [`inventory`] | The GPU inventory image: the GPUs the dump saw. |
 //! | [`gpu_map`] | `device-map`: the grammar, and its resolution against the inventory and this host's GPUs. |
 //! | [`error`] | The top-level error and its single translation to a negative errno. |
+//! | [`worker`] | Driver calls on a worker thread with a deadline, and the one rule for calls abandoned on timeout. |
+//! | [`message`] | Keeping every message handed to CRIU short (CRIU's buffer is 8 KiB). |
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
 //!
 //! # Entry points and return values
@@ -52,11 +54,13 @@ pub mod hooks;
 pub mod host;
 pub mod image;
 pub mod inventory;
+pub mod message;
 pub mod options;
 pub mod select;
 pub mod session;
 pub mod thread;
 pub mod timing;
+pub mod worker;
 
 /// The plugin's name: the descriptor's `name`, the inventory entry and the option namespace.
 pub const PLUGIN_NAME: &str = "cuda_plugin";

@@ -1,4 +1,5 @@
-//! The plugin's options: `backend`, `device-map`, `timeout` and `cuda-checkpoint`.
+//! The plugin's options: `backend`, `device-map`, `timeout`, `cuda-checkpoint` and
+//! `on-restore-failure`.
 //!
 //! Sources, in order (see [`collect`]):
 //!
@@ -66,6 +67,47 @@ impl fmt::Display for BackendChoice {
     }
 }
 
+/// What a restore does with a task whose GPU state could not be restored, on hosts that only log
+/// a failed RESUME_DEVICES_LATE and release the task anyway (CRIU 4.1 and 4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestoreFailure {
+    /// Kill the task (SIGKILL): CRIU then fails the restore, and the images, which are intact,
+    /// can be restored again.
+    #[default]
+    Kill,
+    /// Leave it as it is (LOCKED or CHECKPOINTED: its next CUDA call blocks until someone
+    /// restores and unlocks it by hand).
+    Leave,
+}
+
+impl RestoreFailure {
+    /// Every accepted spelling, for messages.
+    pub const ALLOWED: &'static str = "kill, leave";
+
+    /// The option spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RestoreFailure::Kill => "kill",
+            RestoreFailure::Leave => "leave",
+        }
+    }
+
+    fn parse(v: &str) -> Option<Self> {
+        match v {
+            "kill" => Some(RestoreFailure::Kill),
+            "leave" => Some(RestoreFailure::Leave),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RestoreFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `timeout=SECONDS`: absent means "follow CRIU's `--timeout`, else 10 s".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeoutOption {
@@ -85,8 +127,10 @@ pub struct Options {
     pub device_map: Option<String>,
     /// `timeout=`.
     pub timeout: Option<TimeoutOption>,
-    /// `cuda-checkpoint=PATH`; else the utility is looked up in `PATH`.
+    /// `cuda-checkpoint=PATH` (absolute); else the utility is looked up in `PATH`.
     pub cuda_checkpoint: Option<PathBuf>,
+    /// `on-restore-failure=` (default kill).
+    pub on_restore_failure: RestoreFailure,
 }
 
 /// The default per-operation timeout when neither the option nor CRIU's `opts.timeout` is known.
@@ -124,6 +168,10 @@ impl Options {
         if let Some(p) = &self.cuda_checkpoint {
             out.push(format!("{NAMESPACE}.cuda-checkpoint={}", p.display()));
         }
+        out.push(format!(
+            "{NAMESPACE}.on-restore-failure={}",
+            self.on_restore_failure
+        ));
         out
     }
 }
@@ -132,14 +180,19 @@ impl Options {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OptionError {
     #[error(
-        "unknown option {NAMESPACE}.{name} (known: backend, device-map, timeout, cuda-checkpoint)"
+        "unknown option {NAMESPACE}.{} (known: backend, device-map, timeout, cuda-checkpoint, \
+         on-restore-failure)",
+        crate::message::quote(name)
     )]
     Unknown { name: String },
     #[error(
         "option {NAMESPACE}.{name} needs a value ({NAMESPACE}.{name}=VALUE; allowed: {allowed})"
     )]
     MissingValue { name: String, allowed: &'static str },
-    #[error("invalid value {value:?} for option {NAMESPACE}.{name} (allowed: {allowed})")]
+    #[error(
+        "invalid value {} for option {NAMESPACE}.{name} (allowed: {allowed})",
+        crate::message::quote_debug(value)
+    )]
     InvalidValue {
         name: String,
         value: String,
@@ -158,7 +211,7 @@ pub struct OptionDoc {
 }
 
 /// Every option, for tools that list plugin options without loading the plugin's `init`.
-pub const DOCS: [OptionDoc; 4] = [
+pub const DOCS: [OptionDoc; 5] = [
     OptionDoc {
         name: c"backend",
         value_syntax: c"auto|driver-api|cuda-checkpoint",
@@ -181,12 +234,20 @@ pub const DOCS: [OptionDoc; 4] = [
         name: c"cuda-checkpoint",
         value_syntax: c"PATH",
         default_value: Some(c"cuda-checkpoint found in PATH"),
-        help: c"the cuda-checkpoint utility to run",
+        help: c"the cuda-checkpoint utility to run (an absolute path)",
+    },
+    OptionDoc {
+        name: c"on-restore-failure",
+        value_syntax: c"kill|leave",
+        default_value: Some(c"kill"),
+        help: c"restore only, on CRIU 4.1/4.2 (which ignore a failed late restore hook): kill a task whose GPU state could not be restored, so that the restore fails and can be retried from the intact images, or leave it locked/checkpointed for recovery by hand",
     },
 ];
 
 const TIMEOUT_ALLOWED: &str = "whole seconds from 0 to 4294967295, 0 = no timeout";
-const PATH_ALLOWED: &str = "a non-empty file path";
+const PATH_ALLOWED: &str =
+    "an absolute file path (CRIU runs the plugin in the image directory, so a relative one would \
+     name a file there)";
 const DEVICE_MAP_ALLOWED: &str =
     "auto, GPU-old=GPU-new,... (UUIDs or unique prefixes) or old=new,... (ordinals)";
 
@@ -278,10 +339,15 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, Opt
             }
             "cuda-checkpoint" => {
                 let v = need(PATH_ALLOWED)?;
-                if v.is_empty() {
+                if !v.starts_with('/') {
                     return Err(invalid(PATH_ALLOWED, v));
                 }
                 o.cuda_checkpoint = Some(PathBuf::from(v));
+            }
+            "on-restore-failure" => {
+                let v = need(RestoreFailure::ALLOWED)?;
+                o.on_restore_failure =
+                    RestoreFailure::parse(v).ok_or_else(|| invalid(RestoreFailure::ALLOWED, v))?;
             }
             _ => {
                 return Err(OptionError::Unknown {
@@ -379,6 +445,26 @@ mod tests {
             parse(["cuda_plugin.cuda-checkpoint="]).unwrap_err(),
             OptionError::InvalidValue { .. }
         ));
+        let e = parse(["cuda_plugin.cuda-checkpoint=bin/cuda-checkpoint"]).unwrap_err();
+        assert!(
+            e.to_string().contains("an absolute file path"),
+            "a relative path would be resolved in the image directory: {e}"
+        );
+        let e = parse(["cuda_plugin.on-restore-failure=ignore"]).unwrap_err();
+        assert!(e.to_string().contains("kill, leave"), "{e}");
+        assert_eq!(
+            parse(["cuda_plugin.on-restore-failure=leave"])
+                .unwrap()
+                .on_restore_failure,
+            RestoreFailure::Leave
+        );
+        let long = format!("cuda_plugin.backend={}", "x".repeat(20_000));
+        let m = parse([long.as_str()]).unwrap_err().to_string();
+        assert!(
+            m.len() < 600 && m.contains("20000 bytes"),
+            "a long value is quoted by length: {} bytes",
+            m.len()
+        );
         let e = parse(["--cuda_plugin.backnd=auto"]).unwrap_err();
         assert_eq!(
             e,
@@ -405,12 +491,14 @@ mod tests {
                 (1u32..).prop_map(TimeoutOption::Seconds)
             ]),
             proptest::option::of("/[A-Za-z0-9._/-]{1,40}"),
+            prop_oneof![Just(RestoreFailure::Kill), Just(RestoreFailure::Leave)],
         )
-            .prop_map(|(backend, device_map, timeout, cc)| Options {
+            .prop_map(|(backend, device_map, timeout, cc, orf)| Options {
                 backend,
                 device_map,
                 timeout,
                 cuda_checkpoint: cc.map(PathBuf::from),
+                on_restore_failure: orf,
             })
     }
 
@@ -461,7 +549,7 @@ mod tests {
 
     #[test]
     fn published_option_metadata_names_exactly_the_parsed_options() {
-        let samples = ["auto", "0=0", "5", "/bin/true"];
+        let samples = ["auto", "0=0", "5", "/bin/true", "leave"];
         for (doc, value) in DOCS.iter().zip(samples) {
             let name = doc.name.to_str().unwrap();
             let arg = format!("--cuda_plugin.{name}={value}");

@@ -18,16 +18,20 @@
 //! consumed only once the backend is ready (exact match; see [`crate::ffi::criu`]).
 
 use crate::backend::cli::{Cli, CliProbe, ProcessRunner};
-use crate::backend::driver::{AbandonHook, DriverApi, DriverProbe};
-use crate::backend::{Backend, GpuPair};
+use crate::backend::driver::{DriverApi, DriverProbe};
+use crate::backend::{Backend, GpuPair, Pid};
 use crate::engine::EngineConfig;
 use crate::env::Environment;
 use crate::error::PluginError;
 use crate::gpu_map::{self, MapSpec};
+use crate::host::HostError;
+use crate::image::{TaskImage, TaskList};
 use crate::inventory::GpuInfo;
 use crate::options::{self, OptionSource, Options};
 use crate::select::{select, SelectError, Selected, Selection};
+use crate::worker::Worker;
 use abi::criu::Stage;
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::time::Duration;
@@ -50,6 +54,8 @@ pub struct InitContext {
     pub criu_timeout: Option<u32>,
     /// CRIU's `opts.final_state`, when readable.
     pub final_state: Option<i32>,
+    /// The host only logs a failed RESUME_DEVICES_LATE (it has no DUMP_FINISH: CRIU 4.1, 4.2).
+    pub late_errors_ignored: bool,
 }
 
 /// What the inventory says about `cuda_plugin` at restore.
@@ -78,8 +84,8 @@ pub trait InitServices {
     fn inventory_query(&mut self) -> InventoryAnswer;
     /// Removes the (exactly matching) entry; `Err` with a reason when it cannot.
     fn inventory_consume(&mut self) -> Result<(), String>;
-    /// The GPU inventory image of the dump (`None`: the image has none).
-    fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String>;
+    /// The image file `name` of the dump, at most `limit` bytes (`None`: there is none).
+    fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError>;
     /// The GPUs of this host, in CRIU's view, within `limit` (`None`: no limit).
     fn current_gpus(&mut self, limit: Option<Duration>) -> Result<Vec<GpuInfo>, String>;
 }
@@ -187,18 +193,28 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     } else {
         Vec::new()
     };
+    let restore_tasks = if ctx.stage == Stage::RESTORE {
+        load_task_records(svc, &mut notes)?
+    } else {
+        None
+    };
     let need_map = !pairs.is_empty();
     let path = ctx.env.path.clone();
     let program = options.cuda_checkpoint.clone();
+    let driver_unsupported = std::cell::RefCell::new(None);
     let selection = {
         let svc_cell = std::cell::RefCell::new(&mut *svc);
         select(
             options.backend,
             need_map,
             || {
-                svc_cell
+                let p = svc_cell
                     .borrow_mut()
-                    .probe_driver(ctx.stage == Stage::RESTORE, timeout)
+                    .probe_driver(ctx.stage == Stage::RESTORE, timeout);
+                if let DriverProbe::Unsupported(why) = &p {
+                    *driver_unsupported.borrow_mut() = Some(why.clone());
+                }
+                p
             },
             || {
                 svc_cell
@@ -207,6 +223,13 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
             },
         )?
     };
+    if let (Selection::Use(Selected::Cli { .. }), Some(why)) =
+        (&selection, driver_unsupported.into_inner())
+    {
+        notes.push(format!(
+            "auto: the driver API is unsupported here ({why}); using cuda-checkpoint"
+        ));
+    }
     let selected = match selection {
         Selection::Use(s) => s,
         Selection::NoneAvailable { driver, cli } => {
@@ -227,8 +250,12 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
         selected,
         cfg: EngineConfig {
             timeout,
+            criu_timeout: ctx.criu_timeout,
             pairs,
             leave_running: ctx.final_state == Some(TASK_ALIVE),
+            restore_tasks,
+            on_restore_failure: options.on_restore_failure,
+            late_errors_ignored: ctx.late_errors_ignored,
         },
         options,
         notes,
@@ -244,7 +271,13 @@ fn resolve_map(
     svc: &mut dyn InitServices,
     notes: &mut Vec<String>,
 ) -> Result<Vec<GpuPair>, PluginError> {
-    let inventory = match svc.read_gpu_inventory().map_err(PluginError::Gpus)? {
+    let inventory = match svc
+        .read_image(
+            crate::inventory::FILE_NAME,
+            crate::inventory::MAX_IMAGE_BYTES,
+        )
+        .map_err(PluginError::ImageRead)?
+    {
         Some(bytes) => Some(crate::inventory::read(&mut &bytes[..])?),
         None => {
             notes.push("the image has no GPU inventory (dumped by an older plugin or without GPU enumeration)".into());
@@ -268,15 +301,51 @@ fn resolve_map(
     }
 }
 
-/// Builds the selected backend. `on_abandon` is the driver backend's abandonment hook.
+/// Reads the dump's task list and every per-task image it names, and checks them, before any
+/// task is touched (see [`crate::image`]). `None` for a dump from before the task list existed.
+fn load_task_records(
+    svc: &mut dyn InitServices,
+    notes: &mut Vec<String>,
+) -> Result<Option<BTreeMap<Pid, TaskImage>>, PluginError> {
+    use crate::image::{file_name, LIST_FILE_NAME, MAX_TASK_IMAGE, MAX_TASK_LIST};
+    let Some(bytes) = svc
+        .read_image(LIST_FILE_NAME, MAX_TASK_LIST)
+        .map_err(PluginError::ImageRead)?
+    else {
+        notes.push(format!(
+            "the image has no task list ({LIST_FILE_NAME}: dumped by an older plugin); each \
+             task's image is read when CRIU resumes it"
+        ));
+        return Ok(None);
+    };
+    let list = TaskList::decode(&bytes).map_err(|cause| PluginError::TaskImage {
+        name: LIST_FILE_NAME.to_owned(),
+        cause,
+    })?;
+    let mut out = BTreeMap::new();
+    for pid in list.pids {
+        let name = file_name(pid);
+        let bytes = svc
+            .read_image(&name, MAX_TASK_IMAGE)
+            .map_err(PluginError::ImageRead)?
+            .ok_or(PluginError::TaskImageMissing { pid })?;
+        let img = TaskImage::decode(&bytes, pid)
+            .map_err(|cause| PluginError::TaskImage { name, cause })?;
+        out.insert(pid, img);
+    }
+    notes.push(format!("the dump holds {} CUDA task(s)", out.len()));
+    Ok(Some(out))
+}
+
+/// Builds the selected backend; driver calls run on `worker`.
 #[must_use]
 pub fn build_backend(
     selected: Selected,
     timeout: Option<Duration>,
-    on_abandon: AbandonHook,
+    worker: Worker,
 ) -> Box<dyn Backend> {
     match selected {
-        Selected::Driver { driver, .. } => Box::new(DriverApi::new(driver, timeout, on_abandon)),
+        Selected::Driver { driver, .. } => Box::new(DriverApi::new(driver, timeout, worker)),
         Selected::Cli {
             program,
             device_map,
@@ -307,6 +376,8 @@ mod tests {
         consumed: usize,
         init_requested: Option<bool>,
         gpu_image: Option<Vec<u8>>,
+        /// Other images of the dump, by name.
+        images: std::collections::HashMap<String, Vec<u8>>,
         gpus: Vec<GpuInfo>,
         enumerations: usize,
         cli_without_map: bool,
@@ -351,8 +422,19 @@ mod tests {
             self.consumed += 1;
             Ok(())
         }
-        fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String> {
-            Ok(self.gpu_image.clone())
+        fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError> {
+            let data = if name == crate::inventory::FILE_NAME {
+                self.gpu_image.clone()
+            } else {
+                self.images.get(name).cloned()
+            };
+            match data {
+                Some(d) if d.len() > limit => Err(HostError::TooLarge {
+                    name: name.to_owned(),
+                    limit,
+                }),
+                d => Ok(d),
+            }
         }
         fn current_gpus(&mut self, _: Option<Duration>) -> Result<Vec<GpuInfo>, String> {
             self.enumerations += 1;
@@ -362,6 +444,7 @@ mod tests {
 
     fn ctx(stage: Stage) -> InitContext {
         InitContext {
+            late_errors_ignored: true,
             stage,
             host_options: None,
             env: Environment::default(),

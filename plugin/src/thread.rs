@@ -40,6 +40,8 @@ pub enum ThreadError {
     StopTimeout { tid: Tid, secs: u64 },
     #[error("restore thread {tid} exited while it was running")]
     Gone { tid: Tid },
+    #[error("pid {pid} did not die within {ms} ms of SIGKILL")]
+    KillTimeout { pid: Pid, ms: u64 },
 }
 
 /// Resume one thread of a stopped task, and stop it again.
@@ -50,6 +52,31 @@ pub trait ThreadControl: Send {
     fn restop(&mut self, resumed: Resumed) -> Result<(), ThreadError>;
     /// Whether `tid` is a thread of `pid` (used to trust a TID recorded at dump time).
     fn thread_exists(&self, pid: Pid, tid: Tid) -> bool;
+    /// Whether the process `pid` still exists (and is not a zombie).
+    fn task_exists(&self, pid: Pid) -> bool;
+    /// The scheduler state of `tid` when it is stopped (`T`: a stop signal; `t`: traced by
+    /// someone), else `None`: such a thread cannot serve a driver request.
+    fn stopped(&self, pid: Pid, tid: Tid) -> Option<char>;
+    /// Kills the process `pid` (SIGKILL) and waits, bounded, until it is dead.
+    fn kill_task(&mut self, pid: Pid) -> Result<(), ThreadError>;
+}
+
+/// The scheduler state letter of `/proc/<pid>/task/<tid>/stat` (the field after the command name,
+/// which may itself contain spaces and parentheses), or `None` when the thread is gone.
+#[must_use]
+pub fn thread_state(pid: Pid, tid: Tid) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    parse_state(&stat)
+}
+
+fn parse_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Whether `pid` is alive: its `/proc` entry exists and it is not a zombie (or dead).
+#[must_use]
+pub fn process_alive(pid: Pid) -> bool {
+    thread_state(pid, pid).is_some_and(|s| s != 'Z' && s != 'X' && s != 'x')
 }
 
 /// The tracer of `tid` according to `/proc/<pid>/task/<tid>/status` (0 = untraced), or `None`
@@ -82,5 +109,16 @@ mod tests {
         let me = std::process::id() as i32;
         assert_eq!(tracer_of(me, me), Some(0), "the test process is not traced");
         assert_eq!(tracer_of(me, i32::MAX), None);
+    }
+
+    #[test]
+    fn reads_the_state_after_a_command_name_with_parentheses() {
+        assert_eq!(parse_state("42 (a) b) (c) T 1 2 3"), Some('T'));
+        assert_eq!(parse_state("42 (cuda) S 1"), Some('S'));
+        assert_eq!(parse_state("garbage"), None);
+        let me = std::process::id() as i32;
+        assert!(process_alive(me));
+        assert!(matches!(thread_state(me, me), Some('R' | 'S')));
+        assert!(!process_alive(i32::MAX));
     }
 }

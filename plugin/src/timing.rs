@@ -2,7 +2,7 @@
 //! `cuda-checkpoint` runs) and on restore-thread control (ptrace), measured by wrapping the two
 //! seams. The rest of a hook is the plugin's own work (bookkeeping, image files, logging).
 
-use crate::backend::{Backend, BackendError, BackendKind, GpuPair, Pid, Tid};
+use crate::backend::{Backend, BackendError, BackendKind, GpuPair, LockLimits, Pid, Tid};
 use crate::thread::{Resumed, ThreadControl, ThreadError};
 use abi::CUprocessState;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -72,8 +72,8 @@ impl Backend for TimedBackend {
     fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError> {
         self.timed(|b| b.get_state(pid))
     }
-    fn lock(&mut self, pid: Pid, timeout: Option<Duration>) -> Result<(), BackendError> {
-        self.timed(|b| b.lock(pid, timeout))
+    fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError> {
+        self.timed(|b| b.lock(pid, limits))
     }
     fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
         self.timed(|b| b.checkpoint(pid))
@@ -125,6 +125,15 @@ impl ThreadControl for TimedThreads {
         Spent::add(&self.spent.threads_ns, t);
         r
     }
+    fn task_exists(&self, pid: Pid) -> bool {
+        self.inner.task_exists(pid)
+    }
+    fn stopped(&self, pid: Pid, tid: Tid) -> Option<char> {
+        self.inner.stopped(pid, tid)
+    }
+    fn kill_task(&mut self, pid: Pid) -> Result<(), ThreadError> {
+        self.inner.kill_task(pid)
+    }
 }
 
 #[cfg(test)]
@@ -146,6 +155,15 @@ mod tests {
         }
         fn thread_exists(&self, _: Pid, _: Tid) -> bool {
             true
+        }
+        fn task_exists(&self, _: Pid) -> bool {
+            true
+        }
+        fn stopped(&self, _: Pid, _: Tid) -> Option<char> {
+            None
+        }
+        fn kill_task(&mut self, _: Pid) -> Result<(), ThreadError> {
+            Ok(())
         }
     }
 

@@ -16,8 +16,8 @@
 //! needs `--device-map` (r580+).
 
 use super::{
-    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, ExitInfo, GpuPair, Op, Pid,
-    Tid,
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, ExitInfo, GpuPair,
+    LockLimits, Op, Pid, Tid,
 };
 use abi::CUprocessState;
 use std::collections::HashMap;
@@ -42,20 +42,26 @@ pub struct RunOutput {
     pub output: String,
 }
 
-/// Why a run produced no exit status.
+/// Why a run produced no usable result.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("cannot start it: {0}")]
     Spawn(#[source] std::io::Error),
-    #[error("timed out after {0:?}; killed and reaped")]
+    #[error("timed out after {0:?}; killed it and its process group")]
     TimedOut(Duration),
+    #[error(
+        "it exited ({status}) but its output stayed open {waited:?} longer (a process it started \
+         still holds it); killed its process group"
+    )]
+    OutputHeld { status: ExitInfo, waited: Duration },
     #[error("cannot wait for it: {0}")]
     Wait(#[source] std::io::Error),
 }
 
 /// Runs a program to completion (the seam between the backend and real processes).
 pub trait CommandRunner: Send {
-    /// Runs `program args...`, waiting at most `deadline` (`None` = forever).
+    /// Runs `program args...`; `deadline` (`None` = forever) bounds the whole run, its output
+    /// included.
     fn run(
         &mut self,
         program: &Path,
@@ -64,7 +70,16 @@ pub trait CommandRunner: Send {
     ) -> Result<RunOutput, RunError>;
 }
 
-/// The real runner: `std::process::Command`, one pipe for both output streams, `try_wait` polling.
+/// How long a run's output may stay open after the utility exited, when the deadline allows
+/// that much: output written before the exit is already in the pipe, so a pipe that stays open
+/// is held by some process the utility left behind.
+pub const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// The real runner: `std::process::Command` in its own process group, tied to CRIU's life, one
+/// pipe for both output streams, waited for on the calling thread (see [`crate::ffi::spawn`]).
+/// The variables that would hide or reorder GPUs in the utility's view
+/// ([`crate::ffi::cuda::VIEW_VARIABLES`]) are removed from its environment: device maps and the
+/// inventory speak of every GPU in the driver's order.
 #[derive(Debug, Default)]
 pub struct ProcessRunner;
 
@@ -75,64 +90,121 @@ impl CommandRunner for ProcessRunner {
         args: &[String],
         deadline: Option<Duration>,
     ) -> Result<RunOutput, RunError> {
-        let (mut reader, writer) = crate::ffi::spawn::pipe().map_err(RunError::Spawn)?;
+        use crate::ffi::spawn;
+        use std::os::fd::AsFd;
+        let start = Instant::now();
+        let (mut reader, writer) = spawn::pipe().map_err(RunError::Spawn)?;
         let writer2 = writer.try_clone().map_err(RunError::Spawn)?;
         let mut cmd = Command::new(program);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(writer)
             .stderr(writer2);
-        crate::ffi::spawn::close_inherited_fds(&mut cmd);
+        for v in crate::ffi::cuda::VIEW_VARIABLES {
+            cmd.env_remove(v);
+        }
+        spawn::prepare_child(&mut cmd, std::process::id());
         let mut child = cmd.spawn().map_err(RunError::Spawn)?;
         // Our copies of the write end must go, or the reader never sees EOF.
         drop(cmd);
-        let collector = std::thread::Builder::new()
-            .name("cuda-plugin-out".into())
-            .spawn(move || {
-                let mut buf = Vec::new();
-                let _ = (&mut reader)
-                    .take(OUTPUT_LIMIT as u64)
-                    .read_to_end(&mut buf);
-                // Drain (and drop) anything beyond the limit so the child never blocks on a full pipe.
-                let _ = std::io::copy(&mut reader, &mut std::io::sink());
-                buf
-            });
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(st)) => break st,
-                Ok(None) => {}
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(RunError::Wait(e));
+        let pgid = child.id();
+        let pidfd = spawn::pidfd_open(child.id()).ok();
+        let mut output = Vec::new();
+        let mut eof = false;
+        let mut status = None;
+        let mut exited_at = None;
+        let mut pause = Duration::from_micros(500);
+        let fail = |child: &mut std::process::Child, e: RunError| {
+            spawn::kill_group(pgid);
+            let _ = child.wait();
+            Err(e)
+        };
+        loop {
+            if !eof {
+                match drain(&mut reader, &mut output) {
+                    Ok(e) => eof = e,
+                    Err(e) => return fail(&mut child, RunError::Wait(e)),
                 }
             }
-            if let Some(d) = deadline {
-                if start.elapsed() >= d {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(RunError::TimedOut(d));
+            if status.is_none() {
+                match child.try_wait() {
+                    Ok(Some(st)) => {
+                        status = Some(st);
+                        exited_at = Some(Instant::now());
+                    }
+                    Ok(None) => {}
+                    Err(e) => return fail(&mut child, RunError::Wait(e)),
                 }
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
-        };
-        let output = match collector {
-            Ok(h) => h.join().unwrap_or_default(),
-            Err(_) => Vec::new(),
-        };
-        use std::os::unix::process::ExitStatusExt;
-        let status = match (status.code(), status.signal()) {
-            (Some(c), _) => ExitInfo::Code(c),
-            (None, Some(s)) => ExitInfo::Signal(s),
-            (None, None) => ExitInfo::Code(-1),
-        };
-        Ok(RunOutput {
-            status,
-            output: String::from_utf8_lossy(&output).into_owned(),
-        })
+            if let (true, Some(st)) = (eof, status) {
+                return Ok(RunOutput {
+                    status: exit_info(st),
+                    output: String::from_utf8_lossy(&output).into_owned(),
+                });
+            }
+            let now = Instant::now();
+            let mut left = deadline.map(|d| (start + d).saturating_duration_since(now));
+            if let Some(at) = exited_at {
+                let after = (at + OUTPUT_AFTER_EXIT).saturating_duration_since(now);
+                left = Some(left.map_or(after, |l| l.min(after)));
+            }
+            if left == Some(Duration::ZERO) {
+                let e = match (status, exited_at) {
+                    (Some(st), Some(at)) => RunError::OutputHeld {
+                        status: exit_info(st),
+                        waited: now.saturating_duration_since(at),
+                    },
+                    _ => RunError::TimedOut(deadline.unwrap_or_default()),
+                };
+                return fail(&mut child, e);
+            }
+            let mut fds = Vec::with_capacity(2);
+            if !eof {
+                fds.push(reader.as_fd());
+            }
+            let wait = match (&pidfd, status) {
+                (Some(p), None) => {
+                    fds.push(p.as_fd());
+                    left.unwrap_or(Duration::from_secs(3600))
+                }
+                // No pidfd (Linux < 5.3): look at the child again soon.
+                (None, None) => {
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                    left.map_or(pause, |l| l.min(pause))
+                }
+                (_, Some(_)) => left.unwrap_or(Duration::from_secs(3600)),
+            };
+            if let Err(e) = spawn::wait_readable(&fds, wait) {
+                return fail(&mut child, RunError::Wait(e));
+            }
+        }
+    }
+}
+
+fn exit_info(st: std::process::ExitStatus) -> ExitInfo {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => ExitInfo::Code(c),
+        (None, Some(s)) => ExitInfo::Signal(s),
+        (None, None) => ExitInfo::Code(-1),
+    }
+}
+
+/// Reads what the pipe holds now, keeping at most [`OUTPUT_LIMIT`] bytes (the rest is read and
+/// dropped, so the child never blocks on a full pipe). Returns true at end of file.
+fn drain(reader: &mut std::fs::File, out: &mut Vec<u8>) -> std::io::Result<bool> {
+    let mut buf = [0u8; 8192];
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => return Ok(true),
+            Ok(n) => {
+                let room = OUTPUT_LIMIT.saturating_sub(out.len());
+                out.extend_from_slice(&buf[..n.min(room)]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -180,11 +252,33 @@ pub fn probe_cli(
             CliProbe::Error(format!("`{} -h` timed out after {d:?}", program.display()))
         }
         Err(e) => CliProbe::Unsupported(format!("cannot run `{} -h`: {e}", program.display())),
+        Ok(out)
+            if out.status != ExitInfo::Code(0) && out.output.contains("unrecognized option") =>
+        {
+            // r550 knows only `--help` (and `--toggle`): ask it that way before blaming `-h`.
+            match runner.run(&program, &["--help".to_owned()], timeout) {
+                Ok(help)
+                    if help.status == ExitInfo::Code(0) && !help.output.contains("--action") =>
+                {
+                    CliProbe::Unsupported(format!(
+                        "{} is too old: it does not know -h and its --help offers no --action \
+                         (driver r555 or later needed)",
+                        program.display()
+                    ))
+                }
+                _ => CliProbe::Unsupported(format!(
+                    "`{} -h` exited with {}: {}",
+                    program.display(),
+                    out.status,
+                    crate::message::quote(out.output.trim())
+                )),
+            }
+        }
         Ok(out) if out.status != ExitInfo::Code(0) => CliProbe::Unsupported(format!(
             "`{} -h` exited with {}: {}",
             program.display(),
             out.status,
-            out.output.trim()
+            crate::message::quote(out.output.trim())
         )),
         Ok(out) if !out.output.contains("--action") => CliProbe::Unsupported(format!(
             "{} is too old: its help lacks --action (driver r555 or later needed)",
@@ -268,6 +362,12 @@ impl Cli {
                 pid,
                 after,
             }),
+            Err(RunError::OutputHeld { status, waited }) => Err(BackendError::OutputHeld {
+                op,
+                pid,
+                status,
+                waited,
+            }),
             Err(RunError::Spawn(source) | RunError::Wait(source)) => Err(BackendError::Spawn {
                 op,
                 pid,
@@ -277,12 +377,17 @@ impl Cli {
         }
     }
 
-    fn action(&mut self, op: Op, pid: Pid, mut args: Vec<String>) -> Result<(), BackendError> {
+    fn action(
+        &mut self,
+        op: Op,
+        pid: Pid,
+        mut args: Vec<String>,
+        deadline: Option<Duration>,
+    ) -> Result<(), BackendError> {
         let mut full = vec!["--action".to_owned(), action_word(op).to_owned()];
         full.push("--pid".to_owned());
         full.push(pid.to_string());
         full.append(&mut args);
-        let deadline = op_deadline(op, self.timeout);
         let out = self.run(op, pid, full.clone(), deadline)?;
         if out.status == ExitInfo::Code(0) {
             // The utility prints nothing when an action succeeds: anything else means this is
@@ -405,28 +510,33 @@ impl Backend for Cli {
         })
     }
 
-    fn lock(&mut self, pid: Pid, timeout: Option<Duration>) -> Result<(), BackendError> {
-        let ms = lock_timeout_ms(timeout);
+    fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError> {
+        let ms = lock_timeout_ms(limits.driver);
         let args = if ms == 0 {
             Vec::new()
         } else {
             vec!["--timeout".to_owned(), ms.to_string()]
         };
-        let saved = self.timeout;
-        // The deadline follows the lock's own timeout, not the generic one.
-        self.timeout = timeout;
-        let r = self.action(Op::Lock, pid, args);
-        self.timeout = saved;
-        r
+        self.action(Op::Lock, pid, args, limits.wait)
     }
 
     fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
-        self.action(Op::Checkpoint, pid, Vec::new())
+        self.action(
+            Op::Checkpoint,
+            pid,
+            Vec::new(),
+            op_deadline(Op::Checkpoint, self.timeout),
+        )
     }
 
     fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
         if pairs.is_empty() {
-            return self.action(Op::Restore, pid, Vec::new());
+            return self.action(
+                Op::Restore,
+                pid,
+                Vec::new(),
+                op_deadline(Op::Restore, self.timeout),
+            );
         }
         if !self.device_map {
             return Err(BackendError::Unsupported {
@@ -440,11 +550,17 @@ impl Backend for Cli {
             Op::Restore,
             pid,
             vec!["--device-map".to_owned(), device_map_arg(pairs)],
+            op_deadline(Op::Restore, self.timeout),
         )
     }
 
     fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
-        self.action(Op::Unlock, pid, Vec::new())
+        self.action(
+            Op::Unlock,
+            pid,
+            Vec::new(),
+            op_deadline(Op::Unlock, self.timeout),
+        )
     }
 
     fn executions(&self) -> Option<usize> {
@@ -582,8 +698,9 @@ pub(crate) mod tests {
         assert_eq!(b.get_restore_tid(7).unwrap(), None);
         r.answer(0, "locked\n");
         assert_eq!(b.get_state(42).unwrap(), CUprocessState::LOCKED);
-        b.lock(42, Some(Duration::from_secs(3))).unwrap();
-        b.lock(42, None).unwrap();
+        b.lock(42, LockLimits::from_timeout(Some(Duration::from_secs(3))))
+            .unwrap();
+        b.lock(42, LockLimits::from_timeout(None)).unwrap();
         b.checkpoint(42).unwrap();
         let (a, c) = (abi::GpuUuid([0xaa; 16]), abi::GpuUuid([0xbb; 16]));
         b.restore(42, &[(a, c)]).unwrap();
@@ -619,7 +736,9 @@ pub(crate) mod tests {
         let r = ScriptedRunner::default();
         let mut b = Cli::new("/cc".into(), Box::new(r.clone()), None, false);
         r.answer(88, "Could not lock on process ID 5: \"device not ready\"");
-        let e = b.lock(5, Some(Duration::from_secs(1))).unwrap_err();
+        let e = b
+            .lock(5, LockLimits::from_timeout(Some(Duration::from_secs(1))))
+            .unwrap_err();
         let m = e.to_string();
         assert!(m.contains("lock pid 5 via cuda-checkpoint"), "{m}");
         assert!(m.contains("CUDA_ERROR_NOT_READY"), "{m}");
@@ -698,6 +817,133 @@ pub(crate) mod tests {
             .run(Path::new("/nonexistent/cuda-checkpoint"), &[], None)
             .unwrap_err();
         assert!(matches!(e, RunError::Spawn(_)), "{e:?}");
+    }
+
+    /// Whether `pid` is alive (not gone, not a zombie).
+    fn alive(pid: u32) -> bool {
+        crate::thread::process_alive(i32::try_from(pid).unwrap())
+    }
+
+    #[test]
+    fn the_deadline_covers_output_held_open_by_a_process_left_behind() {
+        // A wrapper that runs the real work in the background and exits: the background
+        // process keeps the output pipe open for a minute.
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("bg.pid");
+        let script = format!("sleep 60 & echo $! > {}; exit 0", pidfile.display());
+        let start = Instant::now();
+        let e = ProcessRunner
+            .run(
+                Path::new("/bin/sh"),
+                &["-c".into(), script],
+                Some(Duration::from_secs(1)),
+            )
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(
+                e,
+                RunError::OutputHeld {
+                    status: ExitInfo::Code(0),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("killed its process group"), "{e}");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+            "bounded by the deadline: {took:?}"
+        );
+        let bg: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let t = Instant::now();
+        while alive(bg) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            !alive(bg),
+            "the process left behind was killed with the group"
+        );
+        // Without a deadline the wait after the exit is still bounded.
+        let start = Instant::now();
+        let e = ProcessRunner
+            .run(
+                Path::new("/bin/sh"),
+                &["-c".into(), "sleep 60 & exit 0".into()],
+                None,
+            )
+            .unwrap_err();
+        assert!(matches!(e, RunError::OutputHeld { .. }), "{e:?}");
+        assert!(start.elapsed() < OUTPUT_AFTER_EXIT + Duration::from_secs(3));
+    }
+
+    #[test]
+    fn the_child_dies_with_the_thread_that_started_it_and_sees_no_gpu_view_variables() {
+        // The parent-death signal follows the thread that forked: a child prepared like the
+        // utility's and started from a thread that then ends is killed at once (as it is when
+        // CRIU dies during a run).
+        let mut child = std::thread::spawn(|| {
+            let mut cmd = Command::new("/bin/sleep");
+            cmd.arg("60");
+            crate::ffi::spawn::prepare_child(&mut cmd, std::process::id());
+            cmd.spawn().unwrap()
+        })
+        .join()
+        .unwrap();
+        let t = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if t.elapsed() > Duration::from_secs(5) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.and_then(|s| s.signal()),
+            Some(libc::SIGKILL),
+            "killed when its parent went away"
+        );
+        // The variables that would reorder or hide GPUs do not reach the utility.
+        std::env::set_var("CUDA_VISIBLE_DEVICES", "");
+        std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+        let out = ProcessRunner
+            .run(
+                Path::new("/bin/sh"),
+                &[
+                    "-c".into(),
+                    "echo \"[${CUDA_VISIBLE_DEVICES-unset}] [${CUDA_DEVICE_ORDER-unset}]\"".into(),
+                ],
+                Some(Duration::from_secs(20)),
+            )
+            .unwrap();
+        std::env::remove_var("CUDA_VISIBLE_DEVICES");
+        std::env::remove_var("CUDA_DEVICE_ORDER");
+        assert_eq!(out.output.trim(), "[unset] [unset]");
+    }
+
+    #[test]
+    fn an_r550_utility_is_reported_as_too_old() {
+        let r = ScriptedRunner::default();
+        let mut run = r.clone();
+        r.answer(
+            1,
+            "cuda-checkpoint: unrecognized option '-h'\nTry 'cuda-checkpoint --help' for more information.",
+        );
+        r.answer(0, HELP_550);
+        let p = Path::new("/opt/cuda-checkpoint");
+        match probe_cli(Some(p), None, &mut run, None) {
+            CliProbe::Unsupported(m) => assert!(m.contains("too old") && m.contains("r555"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

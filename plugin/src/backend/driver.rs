@@ -7,26 +7,21 @@
 //! # Timeouts and abandoned calls
 //!
 //! A driver call can block: the work is done by the target's restore thread, and if that thread
-//! cannot run (stopped, or wedged in the driver) the caller waits forever. So every call runs on a
-//! fresh worker thread and the hook waits on a channel for at most the operation's deadline
-//! ([`super::op_deadline`]). On timeout the hook returns [`BackendError::Timeout`] and the worker
-//! is *abandoned*: it keeps its (shared) handle on the driver and finishes whenever the driver
-//! returns. At most one call is outstanding: while an abandoned call is still blocked, every
-//! further call fails at once with [`BackendError::Busy`] instead of queueing behind it, until
-//! [`Backend::settle`] gives up waiting for it (the rollback does, so that one hung call cannot
-//! leave every other task locked; each later call still has its own deadline). Because
-//! CRIU `dlclose`s plugins after `exit`, an abandonment also calls the `on_abandon` hook, which the
-//! FFI layer uses to pin this library in memory (`RTLD_NODELETE`) so the worker never returns into
-//! unmapped code.
+//! cannot run (stopped, or wedged in the driver) the caller waits forever. So every call runs on
+//! the session's [`Worker`] with the operation's deadline; the worker's one rule for a call that
+//! overruns it (abandon it, refuse further calls while it stays blocked, let a rollback wait a
+//! bounded time for it) is described in [`crate::worker`]. A timed-out call surfaces as
+//! [`BackendError::Timeout`], a refused one as [`BackendError::Busy`].
 
 use super::{
-    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, GpuPair, Op, Pid, Tid,
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, GpuPair, LockLimits, Op, Pid,
+    Tid,
 };
+use crate::worker::{CallError, Worker};
 use abi::cuda::GPU_PAIRS_MIN_DRIVER_VERSION;
 use abi::{CUcheckpointGpuPair, CUprocessState, CUresult};
 use std::fmt;
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The oldest driver this backend accepts: CUDA 13.0 (r580), the first whose restore arguments
@@ -116,65 +111,44 @@ pub fn probe_driver(load: Result<Arc<dyn CudaDriver>, LoadError>, call_init: boo
     }
 }
 
-/// Called when a worker is abandoned (see the module docs).
-pub type AbandonHook = Arc<dyn Fn() + Send + Sync>;
-
 /// The driver-API backend.
 pub struct DriverApi {
     driver: Arc<dyn CudaDriver>,
-    /// Description of the outstanding (abandoned) call, if any.
-    busy: Arc<Mutex<Option<String>>>,
-    on_abandon: AbandonHook,
+    /// Runs every call with its deadline; shared with the probe and the GPU enumeration.
+    worker: Worker,
     /// The per-operation timeout (`None` = forever).
     timeout: Option<Duration>,
     /// `cuInit(0)` succeeded in this process (restore needs it, also during a dump's rollback).
     initialized: bool,
+    /// The operation of the last call abandoned on timeout.
+    abandoned: std::cell::Cell<Option<Op>>,
 }
 
 impl fmt::Debug for DriverApi {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DriverApi")
-            .field("busy", &self.busy)
+            .field("worker", &self.worker)
             .finish_non_exhaustive()
     }
 }
 
-/// Clears the busy marker when the worker finishes, even by panic.
-struct BusyGuard(Arc<Mutex<Option<String>>>);
-
-impl Drop for BusyGuard {
-    fn drop(&mut self) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-    }
-}
-
 impl DriverApi {
-    /// A backend over `driver` with a per-operation `timeout` (`None` = forever);
-    /// `on_abandon` runs whenever a call is abandoned on timeout.
-    pub fn new(
-        driver: Arc<dyn CudaDriver>,
-        timeout: Option<Duration>,
-        on_abandon: AbandonHook,
-    ) -> Self {
+    /// A backend over `driver` with a per-operation `timeout` (`None` = forever), whose calls run
+    /// on `worker`.
+    pub fn new(driver: Arc<dyn CudaDriver>, timeout: Option<Duration>, worker: Worker) -> Self {
         DriverApi {
             driver,
-            busy: Arc::new(Mutex::new(None)),
-            on_abandon,
+            worker,
             timeout,
             initialized: false,
+            abandoned: std::cell::Cell::new(None),
         }
     }
 
     /// True while an abandoned call is still blocked in the driver.
     #[must_use]
     pub fn has_outstanding_call(&self) -> bool {
-        self.busy
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some()
+        self.worker.blocked().is_some()
     }
 
     fn call<T: Send + 'static>(
@@ -184,78 +158,33 @@ impl DriverApi {
         deadline: Option<Duration>,
         f: impl FnOnce(&dyn CudaDriver) -> T + Send + 'static,
     ) -> Result<T, BackendError> {
-        {
-            let mut busy = self
-                .busy
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(blocked) = busy.as_ref() {
-                return Err(BackendError::Busy {
-                    op,
-                    pid,
-                    blocked: blocked.clone(),
-                });
-            }
-            *busy = Some(format!("{op} pid {pid}"));
-        }
-        let (tx, rx) = mpsc::sync_channel(1);
         let driver = Arc::clone(&self.driver);
-        let guard = BusyGuard(Arc::clone(&self.busy));
-        let spawned = std::thread::Builder::new()
-            .name("cuda-plugin-drv".into())
-            .spawn(move || {
-                let r = f(&*driver);
-                drop(guard);
-                let _ = tx.send(r);
-            });
-        if spawned.is_err() {
-            // The closure (and its guard) was dropped, so `busy` is clear again.
-            return Err(BackendError::Unsupported {
-                backend: BackendKind::DriverApi,
-                op,
-                pid,
-                what: "cannot start a worker thread",
-            });
-        }
-        let received = match deadline {
-            Some(d) => rx.recv_timeout(d).map_err(|e| match e {
-                mpsc::RecvTimeoutError::Timeout => Some(d),
-                mpsc::RecvTimeoutError::Disconnected => None,
-            }),
-            None => rx.recv().map_err(|_| None),
-        };
-        match received {
-            Ok(v) => Ok(v),
-            Err(Some(after)) => {
-                (self.on_abandon)();
-                Err(BackendError::Timeout {
+        self.worker
+            .call(&format!("{op} pid {pid}"), deadline, move || f(&*driver))
+            .map_err(|e| match e {
+                CallError::TimedOut { after } => {
+                    self.abandoned.set(Some(op));
+                    BackendError::Timeout {
+                        backend: BackendKind::DriverApi,
+                        op,
+                        pid,
+                        after,
+                    }
+                }
+                CallError::Busy { blocked } => BackendError::Busy { op, pid, blocked },
+                CallError::Panicked => BackendError::Unsupported {
                     backend: BackendKind::DriverApi,
                     op,
                     pid,
-                    after,
-                })
-            }
-            Err(None) => Err(BackendError::Unsupported {
-                backend: BackendKind::DriverApi,
-                op,
-                pid,
-                what: "the driver call panicked",
-            }),
-        }
-    }
-
-    /// Waits at most `limit` for the abandoned call (if any) to return.
-    fn wait_idle(&self, limit: Duration) -> bool {
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            if !self.has_outstanding_call() {
-                return true;
-            }
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+                    what: "the driver call panicked",
+                },
+                CallError::NoThread(_) => BackendError::Unsupported {
+                    backend: BackendKind::DriverApi,
+                    op,
+                    pid,
+                    what: "cannot start a worker thread",
+                },
+            })
     }
 
     fn code(op: Op, pid: Pid, code: CUresult) -> Result<(), BackendError> {
@@ -278,13 +207,11 @@ impl Backend for DriverApi {
     }
 
     fn settle(&mut self, limit: Duration) -> bool {
-        if self.wait_idle(limit) {
-            return true;
-        }
-        // Still blocked: stop waiting for it. Its worker keeps (and will clear) the old marker;
-        // later calls use a fresh one, each with its own deadline.
-        self.busy = Arc::new(Mutex::new(None));
-        false
+        let limit = match self.abandoned.get() {
+            Some(Op::Lock) => limit.min(super::LOCK_ABANDON_GRACE),
+            _ => limit,
+        };
+        self.worker.settle(limit)
     }
 
     fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError> {
@@ -315,10 +242,10 @@ impl Backend for DriverApi {
         }
     }
 
-    fn lock(&mut self, pid: Pid, timeout: Option<Duration>) -> Result<(), BackendError> {
+    fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError> {
         let op = Op::Lock;
-        let ms = lock_timeout_ms(timeout);
-        let code = self.call(op, pid, op_deadline(op, timeout), move |d| d.lock(pid, ms))?;
+        let ms = lock_timeout_ms(limits.driver);
+        let code = self.call(op, pid, limits.wait, move |d| d.lock(pid, ms))?;
         DriverApi::code(op, pid, code)
     }
 
@@ -366,6 +293,7 @@ impl Backend for DriverApi {
 pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     /// A scripted driver: fixed version, optional failure of the version query, per-op codes
     /// and an optional per-op delay.
@@ -423,9 +351,9 @@ pub(crate) mod tests {
         let api = DriverApi::new(
             Arc::new(d),
             op,
-            Arc::new(move || {
+            Worker::new(Arc::new(move || {
                 a.fetch_add(1, Ordering::SeqCst);
-            }),
+            })),
         );
         (api, abandoned)
     }
@@ -532,8 +460,13 @@ pub(crate) mod tests {
             lock_code: Some(CUresult::ERROR_NOT_READY),
             ..Default::default()
         });
-        let mut b = DriverApi::new(d.clone(), None, Arc::new(|| {}));
-        let e = b.lock(9, Some(Duration::from_millis(1500))).unwrap_err();
+        let mut b = DriverApi::new(d.clone(), None, Worker::new(Arc::new(|| {})));
+        let e = b
+            .lock(
+                9,
+                LockLimits::from_timeout(Some(Duration::from_millis(1500))),
+            )
+            .unwrap_err();
         assert!(e.is_timeout(), "NOT_READY is the lock timeout");
         assert_eq!(
             e.to_string(),
@@ -545,7 +478,7 @@ pub(crate) mod tests {
     #[test]
     fn restore_passes_pairs() {
         let d = Arc::new(FakeDriver::default());
-        let mut b = DriverApi::new(d.clone(), None, Arc::new(|| {}));
+        let mut b = DriverApi::new(d.clone(), None, Worker::new(Arc::new(|| {})));
         let a = abi::GpuUuid([1; 16]);
         let c = abi::GpuUuid([2; 16]);
         b.restore(3, &[(a, c)]).unwrap();

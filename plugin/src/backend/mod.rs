@@ -78,12 +78,64 @@ impl fmt::Display for Op {
 /// driver (or the utility) enforces `timeoutMs` itself and needs a moment to report it.
 pub const LOCK_GRACE: Duration = Duration::from_secs(2);
 
+/// How long a rollback waits for an abandoned *lock* to return: the plugin abandons a lock only
+/// after the driver's own lock timeout and a grace have passed, so a lock still blocked then is
+/// taken to be hung after this much more. (Other calls have no timeout of the driver's own and
+/// may legitimately finish late: for them the rollback waits longer.)
+pub const LOCK_ABANDON_GRACE: Duration = Duration::from_millis(500);
+
 /// How long to wait for `op` given the configured per-operation timeout (`None` = forever).
 #[must_use]
 pub fn op_deadline(op: Op, timeout: Option<Duration>) -> Option<Duration> {
     match op {
         Op::Lock => timeout.map(|t| t + LOCK_GRACE),
         _ => timeout,
+    }
+}
+
+/// How long one lock may take.
+///
+/// `driver` is the timeout the lock itself is given (`timeoutMs` of `cuCheckpointProcessLock`,
+/// `--timeout` of the utility): how long the driver waits for the task's work in flight before
+/// it gives up with `CUDA_ERROR_NOT_READY`, leaving the task running. `wait` is how long the
+/// plugin waits for the call to return at all before it abandons it (driver API) or kills it
+/// (utility); it leaves the driver a moment to report its own timeout. `None` means no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockLimits {
+    pub driver: Option<Duration>,
+    pub wait: Option<Duration>,
+}
+
+impl LockLimits {
+    /// The limits for the per-operation `timeout` alone: the driver gets the timeout, the plugin
+    /// waits [`LOCK_GRACE`] longer.
+    #[must_use]
+    pub fn from_timeout(timeout: Option<Duration>) -> Self {
+        LockLimits {
+            driver: timeout,
+            wait: op_deadline(Op::Lock, timeout),
+        }
+    }
+
+    /// The limits for a lock that must be over within `window` (CRIU's freeze alarm): when the
+    /// usual limits would outlast it, the plugin waits exactly `window` and the driver is given
+    /// `window` less a grace of a fifth of it (at most [`LOCK_GRACE`]) to report its own
+    /// timeout. Returns the limits and whether the window shortened them.
+    #[must_use]
+    pub fn within(self, window: Duration) -> (Self, bool) {
+        if self.wait.is_some_and(|w| w <= window) {
+            return (self, false);
+        }
+        let grace = LOCK_GRACE.min(window / 5);
+        let driver_max = window.saturating_sub(grace);
+        let driver = Some(self.driver.map_or(driver_max, |d| d.min(driver_max)));
+        (
+            LockLimits {
+                driver,
+                wait: Some(window),
+            },
+            true,
+        )
     }
 }
 
@@ -114,7 +166,7 @@ pub enum BackendError {
     },
     #[error("failed to {op} pid {pid} via driver-api: an earlier driver call ({blocked}) timed out and is still blocked")]
     Busy { op: Op, pid: Pid, blocked: String },
-    #[error("failed to {op} pid {pid} via cuda-checkpoint: `{command}` exited with {status}{}: {output}", guess_code(*.status))]
+    #[error("failed to {op} pid {pid} via cuda-checkpoint: `{command}` exited with {status}{}: {}", guess_code(*.status), crate::message::quote(output))]
     Exit {
         op: Op,
         pid: Pid,
@@ -122,12 +174,22 @@ pub enum BackendError {
         status: ExitInfo,
         output: String,
     },
-    #[error("failed to {op} pid {pid} via {backend}: unexpected output {output:?}")]
+    #[error(
+        "failed to {op} pid {pid} via {backend}: unexpected output {}",
+        crate::message::quote_debug(output)
+    )]
     BadOutput {
         backend: BackendKind,
         op: Op,
         pid: Pid,
         output: String,
+    },
+    #[error("failed to {op} pid {pid} via cuda-checkpoint: it exited ({status}) but its output stayed open {waited:?} longer (a process it started still holds it); killed its process group")]
+    OutputHeld {
+        op: Op,
+        pid: Pid,
+        status: ExitInfo,
+        waited: Duration,
     },
     #[error("failed to {op} pid {pid} via cuda-checkpoint: cannot run {program}: {source}")]
     Spawn {
@@ -155,10 +217,40 @@ impl BackendError {
             | BackendError::Timeout { op, .. }
             | BackendError::Busy { op, .. }
             | BackendError::Exit { op, .. }
+            | BackendError::OutputHeld { op, .. }
             | BackendError::BadOutput { op, .. }
             | BackendError::Spawn { op, .. }
             | BackendError::Unsupported { op, .. } => *op,
         }
+    }
+
+    /// Whether the operation may have taken effect despite the failure, so that the state must
+    /// be checked (and a lock undone): everything but a definite refusal. Definite refusals are
+    /// `CUDA_ERROR_ILLEGAL_STATE` (the task was not in a state that allows the operation: for a
+    /// lock, someone else locked it first), a call that was never started (busy, cannot spawn)
+    /// and an unsupported request.
+    #[must_use]
+    pub fn may_have_landed(&self) -> bool {
+        match self {
+            BackendError::Cuda { code, .. } => *code != CUresult::ERROR_ILLEGAL_STATE,
+            BackendError::Exit { status, .. } => {
+                *status != ExitInfo::Code(i32::from(CUresult::ERROR_ILLEGAL_STATE.exit_status()))
+            }
+            BackendError::Timeout { .. }
+            | BackendError::OutputHeld { .. }
+            | BackendError::BadOutput { .. } => true,
+            BackendError::Busy { .. }
+            | BackendError::Spawn { .. }
+            | BackendError::Unsupported { .. } => false,
+        }
+    }
+
+    /// Whether the driver refused the operation because of the task's state
+    /// (`CUDA_ERROR_ILLEGAL_STATE`, exit status 145 from the utility).
+    #[must_use]
+    pub fn is_illegal_state(&self) -> bool {
+        !self.may_have_landed()
+            && matches!(self, BackendError::Cuda { .. } | BackendError::Exit { .. })
     }
 
     /// True when the failure was a timeout (ours or the driver's lock timeout).
@@ -217,8 +309,8 @@ pub trait Backend: Send {
     fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError>;
     /// The checkpoint state of `pid`.
     fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError>;
-    /// RUNNING -> LOCKED, waiting at most `timeout` for in-flight work (`None` = forever).
-    fn lock(&mut self, pid: Pid, timeout: Option<Duration>) -> Result<(), BackendError>;
+    /// RUNNING -> LOCKED, within `limits`.
+    fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError>;
     /// LOCKED -> CHECKPOINTED.
     fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError>;
     /// CHECKPOINTED -> LOCKED, remapping GPUs by `pairs` (empty = no remapping).

@@ -22,6 +22,9 @@ enum FaultKind {
     Abandoned,
     /// Like `Abandoned`, but the call never returns: `settle` gives up on it.
     Hung,
+    /// Another tool locks the task just before the call, which then fails with
+    /// `CUDA_ERROR_ILLEGAL_STATE` (as a lock of a locked task does).
+    ForeignLock,
 }
 
 #[derive(Debug, Clone)]
@@ -33,6 +36,24 @@ struct FakeTask {
     traced: bool,
     /// Our fake ptrace let the restore thread run.
     thread_running: bool,
+    /// Stopped by a signal (`Some('T')`): its restore thread cannot serve requests.
+    stopped: Option<char>,
+    /// Killed (by `kill_task`) or exited.
+    dead: bool,
+}
+
+impl FakeTask {
+    fn new(cuda: bool, state: CUprocessState, tid: Tid) -> Self {
+        FakeTask {
+            cuda,
+            state,
+            tid,
+            traced: false,
+            thread_running: false,
+            stopped: None,
+            dead: false,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -43,7 +64,12 @@ struct World {
     fault_at: Option<(usize, FaultKind)>,
     inventory_adds: usize,
     images: HashMap<Pid, Vec<u8>>,
+    task_list: Option<Vec<u8>>,
     gpu_inventory: Option<Vec<u8>>,
+    /// CRIU's freeze alarm as the host reports it (`None`: the host has none).
+    alarm: Option<FreezeAlarm>,
+    /// The limits of every lock call, in order.
+    lock_limits: Vec<LockLimits>,
     /// The call abandoned by a [`FaultKind::Abandoned`] or [`FaultKind::Hung`] fault, until
     /// `settle`; true when it never returns.
     abandoned: Option<(Op, Pid, bool)>,
@@ -115,7 +141,15 @@ impl FakeBackend {
         if task.traced && !task.thread_running && op != Op::GetRestoreTid {
             return Err(timeout(op, pid));
         }
+        if task.dead {
+            return Err(cuda(op, pid, CUresult::ERROR_INVALID_VALUE));
+        }
         match fault {
+            Some(FaultKind::ForeignLock) => {
+                if task.state == CUprocessState::RUNNING {
+                    task.state = CUprocessState::LOCKED;
+                }
+            }
             Some(FaultKind::Error) => return Err(cuda(op, pid, CUresult::ERROR_UNKNOWN)),
             Some(FaultKind::Timeout) => return Err(timeout(op, pid)),
             Some(FaultKind::LateSuccess) => {
@@ -159,10 +193,18 @@ impl Backend for FakeBackend {
         })?;
         Ok(st)
     }
-    fn lock(&mut self, pid: Pid, _timeout: Option<Duration>) -> Result<(), BackendError> {
-        self.op(Op::Lock, pid, |t| {
+    fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError> {
+        self.0.lock().unwrap().lock_limits.push(limits);
+        let r = self.op(Op::Lock, pid, |t| {
             transition(t, CUprocessState::RUNNING, CUprocessState::LOCKED)
-        })
+        });
+        // A lock that times out does so after the driver's own limit (kept short in tests).
+        if let (Err(e), Some(d)) = (&r, limits.driver) {
+            if e.is_timeout() && d <= Duration::from_secs(1) {
+                std::thread::sleep(d);
+            }
+        }
+        r
     }
     fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
         self.op(Op::Checkpoint, pid, |t| {
@@ -270,7 +312,32 @@ impl ThreadControl for FakeThreads {
             .unwrap()
             .tasks
             .get(&pid)
-            .is_some_and(|t| t.tid == tid)
+            .is_some_and(|t| t.tid == tid && !t.dead)
+    }
+    fn task_exists(&self, pid: Pid) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .tasks
+            .get(&pid)
+            .is_some_and(|t| !t.dead)
+    }
+    fn stopped(&self, pid: Pid, _tid: Tid) -> Option<char> {
+        self.0
+            .lock()
+            .unwrap()
+            .tasks
+            .get(&pid)
+            .and_then(|t| t.stopped)
+    }
+    fn kill_task(&mut self, pid: Pid) -> Result<(), ThreadError> {
+        let mut w = self.0.lock().unwrap();
+        w.calls.push(format!("Kill {pid}"));
+        if let Some(t) = w.tasks.get_mut(&pid) {
+            t.dead = true;
+            t.thread_running = false;
+        }
+        Ok(())
     }
 }
 
@@ -299,9 +366,21 @@ impl Host for FakeHost {
         );
         Ok(())
     }
+    fn write_task_list(&mut self, data: &[u8]) -> Result<(), HostError> {
+        let mut w = self.0.lock().unwrap();
+        if w.call("WriteTaskList".into()).is_some() {
+            return Err(HostError::Failed { service: "openat" });
+        }
+        assert!(w.task_list.is_none(), "one task list per dump");
+        w.task_list = Some(data.to_vec());
+        Ok(())
+    }
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
         let w = self.0.lock().unwrap();
         Ok(w.images.get(&pid).cloned())
+    }
+    fn freeze_alarm(&self) -> FreezeAlarm {
+        self.0.lock().unwrap().alarm.unwrap_or(FreezeAlarm::Unknown)
     }
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
         let mut w = self.0.lock().unwrap();
@@ -333,27 +412,10 @@ fn world(initial: [CUprocessState; 2]) -> Shared {
     let mut w = World::default();
     for (i, st) in initial.iter().enumerate() {
         let pid = 100 + i as Pid;
-        w.tasks.insert(
-            pid,
-            FakeTask {
-                cuda: true,
-                state: *st,
-                tid: pid + 50,
-                traced: false,
-                thread_running: false,
-            },
-        );
+        w.tasks.insert(pid, FakeTask::new(true, *st, pid + 50));
     }
-    w.tasks.insert(
-        102,
-        FakeTask {
-            cuda: false,
-            state: CUprocessState::RUNNING,
-            tid: 0,
-            traced: false,
-            thread_running: false,
-        },
-    );
+    w.tasks
+        .insert(102, FakeTask::new(false, CUprocessState::RUNNING, 0));
     Arc::new(Mutex::new(w))
 }
 
@@ -518,8 +580,8 @@ fn an_abandoned_call_is_waited_for_before_the_rollback() {
             assert!(!any_thread_running(&w), "{case}");
         }
     }
-    // Without a timeout nothing is ever abandoned, so nothing is waited for (the per-task check
-    // before each put-back does not wait).
+    // A rollback asks once for a bounded wait on abandoned calls (which returns at once when
+    // there is none), and never waits before each put-back.
     let w = world([CUprocessState::RUNNING; 2]);
     let lock = names
         .iter()
@@ -532,7 +594,9 @@ fn an_abandoned_call_is_waited_for_before_the_rollback() {
     assert!(
         calls
             .iter()
-            .all(|c| !c.starts_with("Settle") || c == "Settle 0ms"),
+            .filter(|c| c.starts_with("Settle"))
+            .map(String::as_str)
+            .eq(["Settle 500ms", "Settle 0ms"]),
         "{calls:?}"
     );
     assert_eq!(states(&w), vec![CUprocessState::RUNNING; 3]);
@@ -628,9 +692,10 @@ fn a_fault_during_rollback_is_reported_and_other_tasks_still_recover() {
         "{err}"
     );
     assert!(err.to_string().contains("CUDA_ERROR_UNKNOWN"), "{err}");
-    // Rollback: 100's resume, then its state query fails.
+    // Rollback: the settle for abandoned calls, the settle before 100, 100's resume, then its
+    // state query fails.
     let n = w.lock().unwrap().calls.len();
-    w.lock().unwrap().fault_at = Some((n + 1, FaultKind::Timeout));
+    w.lock().unwrap().fault_at = Some((n + 3, FaultKind::Timeout));
     let err = e.dump_finish(-1).unwrap_err();
     assert!(
         matches!(err, EngineError::RollbackIncomplete { ref pids } if pids == &vec![100]),
@@ -799,8 +864,8 @@ fn a_recorded_tid_that_no_longer_exists_is_reprobed() {
     assert_eq!(calls[0], "GetRestoreTid 100");
     assert_eq!(
         states(&w)[0],
-        CUprocessState::RUNNING,
-        "fallback assumes it was running"
+        CUprocessState::LOCKED,
+        "the recorded dump-time state still applies"
     );
 }
 
@@ -876,13 +941,7 @@ fn cli_world(n: usize) -> (Shared, Vec<Pid>) {
     for &pid in &pids {
         w.tasks.insert(
             pid,
-            FakeTask {
-                cuda: true,
-                state: CUprocessState::RUNNING,
-                tid: pid + 5000,
-                traced: false,
-                thread_running: false,
-            },
+            FakeTask::new(true, CUprocessState::RUNNING, pid + 5000),
         );
     }
     (Arc::new(Mutex::new(w)), pids)
@@ -980,5 +1039,359 @@ fn cli_leave_running_round_trip_and_a_failing_lock_leave_tasks_running() {
         w.lock().unwrap().tasks[&pids[0]].state,
         CUprocessState::RUNNING,
         "first task unlocked again"
+    );
+}
+
+fn lock_calls(w: &Shared) -> Vec<String> {
+    w.lock()
+        .unwrap()
+        .calls
+        .iter()
+        .filter(|c| c.starts_with("Lock ") || c.starts_with("Unlock "))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_lock_ends_before_criu_s_freeze_alarm_fires() {
+    let cfg = || EngineConfig {
+        timeout: Some(Duration::from_secs(30)),
+        criu_timeout: Some(10),
+        ..Default::default()
+    };
+    // Plenty of alarm left: the usual limits.
+    let w = world([CUprocessState::RUNNING; 2]);
+    w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
+        left: Duration::from_secs(60),
+    });
+    let mut e = engine(&w, cfg());
+    e.pause_devices(100).unwrap();
+    assert_eq!(
+        w.lock().unwrap().lock_limits[0],
+        LockLimits::from_timeout(Some(Duration::from_secs(30)))
+    );
+    // 3 s left of a 10 s alarm with a 30 s plugin timeout: the plugin waits 2 s (the reserve
+    // keeps 1 s) and gives the driver 1.6 s (a fifth of the window to report its own timeout).
+    let w = world([CUprocessState::RUNNING; 2]);
+    w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
+        left: Duration::from_secs(3),
+    });
+    let mut e = engine(&w, cfg());
+    e.pause_devices(100).unwrap();
+    assert_eq!(
+        w.lock().unwrap().lock_limits[0],
+        LockLimits {
+            driver: Some(Duration::from_millis(1600)),
+            wait: Some(Duration::from_secs(2)),
+        }
+    );
+    // A lock that times out within the window (1.5 s left: the driver gets 0.4 s) names CRIU's
+    // timeout and how to raise it, and the other task is put back.
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&w, cfg());
+    e.pause_devices(100).unwrap();
+    w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
+        left: Duration::from_millis(1500),
+    });
+    let n = w.lock().unwrap().calls.len();
+    w.lock().unwrap().fault_at = Some((n + 2, FaultKind::Timeout));
+    let err = e.pause_devices(101).unwrap_err();
+    assert_eq!(
+        w.lock().unwrap().lock_limits[1],
+        LockLimits {
+            driver: Some(Duration::from_millis(400)),
+            wait: Some(Duration::from_millis(500)),
+        }
+    );
+    let m = err.to_string();
+    assert!(matches!(err, EngineError::FreezeTimeout { .. }), "{m}");
+    assert!(
+        m.contains("pid 101")
+            && m.contains("--timeout 10 s")
+            && m.contains("1500 ms left")
+            && m.contains("criu dump --timeout SECONDS"),
+        "{m}"
+    );
+    // A lock the driver refuses at once is not blamed on the alarm, though the alarm limited it.
+    let w2 = world([CUprocessState::RUNNING; 2]);
+    w2.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
+        left: Duration::from_secs(5),
+    });
+    w2.lock().unwrap().fault_at = Some((2, FaultKind::Error));
+    let err = engine(&w2, cfg()).pause_devices(100).unwrap_err();
+    assert!(matches!(err, EngineError::Backend { .. }), "{err}");
+    e.dump_finish(-1).unwrap();
+    assert_eq!(states(&w), vec![CUprocessState::RUNNING; 3]);
+}
+
+#[test]
+fn no_lock_is_tried_once_the_alarm_fired_or_too_little_is_left() {
+    for (alarm, want) in [
+        (FreezeAlarm::Expired, "has already expired"),
+        (
+            FreezeAlarm::Armed {
+                left: Duration::from_millis(1050),
+            },
+            "only 1050 ms are left",
+        ),
+    ] {
+        let w = world([CUprocessState::RUNNING; 2]);
+        w.lock().unwrap().alarm = Some(alarm);
+        let mut e = engine(&w, EngineConfig::default());
+        let err = e.pause_devices(100).unwrap_err();
+        assert!(err.to_string().contains(want), "{alarm:?}: {err}");
+        assert!(lock_calls(&w).is_empty(), "{alarm:?}: never locked");
+        e.dump_finish(-1).unwrap();
+        assert_eq!(states(&w), vec![CUprocessState::RUNNING; 3]);
+    }
+    // A host without an alarm (or with none armed) leaves the limits alone.
+    for alarm in [FreezeAlarm::Unknown, FreezeAlarm::Disarmed] {
+        let w = world([CUprocessState::RUNNING; 2]);
+        w.lock().unwrap().alarm = Some(alarm);
+        let mut e = engine(&w, EngineConfig::default());
+        e.pause_devices(100).unwrap();
+        assert_eq!(
+            w.lock().unwrap().lock_limits[0],
+            LockLimits::from_timeout(None)
+        );
+    }
+}
+
+#[test]
+fn someone_else_s_lock_is_never_undone() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&w, EngineConfig::default());
+    e.pause_devices(100).unwrap();
+    w.lock().unwrap().tasks.get_mut(&100).unwrap().traced = true;
+    // 101: tid, state, then the lock, which another tool beats.
+    let n = w.lock().unwrap().calls.len();
+    w.lock().unwrap().fault_at = Some((n + 2, FaultKind::ForeignLock));
+    let err = e.pause_devices(101).unwrap_err();
+    let m = err.to_string();
+    assert!(matches!(err, EngineError::ForeignLock { .. }), "{m}");
+    assert!(
+        m.contains("another tool locked") && m.contains("CUDA_ERROR_ILLEGAL_STATE"),
+        "{m}"
+    );
+    e.dump_finish(-1).unwrap();
+    assert_eq!(
+        states(&w),
+        vec![
+            CUprocessState::RUNNING,
+            CUprocessState::LOCKED,
+            CUprocessState::RUNNING
+        ],
+        "ours undone, theirs kept"
+    );
+    assert_eq!(lock_calls(&w), vec!["Lock 100", "Lock 101", "Unlock 100"]);
+}
+
+#[test]
+fn a_lock_that_landed_despite_an_error_is_undone_and_logged() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&w, EngineConfig::default());
+    // LateSuccess: the lock takes effect but reports a timeout.
+    w.lock().unwrap().fault_at = Some((2, FaultKind::LateSuccess));
+    e.pause_devices(100).unwrap_err();
+    assert_eq!(states(&w)[0], CUprocessState::RUNNING);
+    assert_eq!(lock_calls(&w), vec!["Lock 100", "Unlock 100"]);
+    let logs = w.lock().unwrap().logs.clone();
+    assert!(
+        logs.iter()
+            .any(|(l, m)| *l == Level::Warn && m.contains("landed after all; unlocked")),
+        "{logs:?}"
+    );
+}
+
+#[test]
+fn a_stopped_task_fails_at_once_with_a_word_about_why() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    w.lock().unwrap().tasks.get_mut(&100).unwrap().stopped = Some('T');
+    let mut e = engine(&w, EngineConfig::default());
+    let err = e.pause_devices(100).unwrap_err();
+    let m = err.to_string();
+    assert!(
+        m.contains("the task is stopped") && m.contains("kill -CONT 100"),
+        "{m}"
+    );
+    assert!(lock_calls(&w).is_empty());
+}
+
+#[test]
+fn dump_finish_success_then_a_failed_dump_still_rolls_back() {
+    let w = world([CUprocessState::RUNNING, CUprocessState::LOCKED]);
+    let mut e = engine(&w, EngineConfig::default());
+    for pid in PIDS {
+        e.pause_devices(pid).unwrap();
+        w.lock().unwrap().tasks.get_mut(&pid).unwrap().traced = true;
+    }
+    for pid in PIDS {
+        e.checkpoint_devices(pid).unwrap();
+    }
+    // DUMP_FINISH(0): the tasks stay checkpointed for now.
+    e.dump_finish(0).unwrap();
+    assert_eq!(states(&w)[0], CUprocessState::CHECKPOINTED);
+    // Then something after it fails (another plugin's DUMP_FINISH, a post-dump script), and CRIU
+    // calls exit(DUMP, ret != 0) before resuming the tree.
+    e.dump_finish(-5).unwrap();
+    assert_eq!(
+        states(&w),
+        vec![
+            CUprocessState::RUNNING,
+            CUprocessState::LOCKED,
+            CUprocessState::RUNNING
+        ]
+    );
+    let logs = w.lock().unwrap().logs.clone();
+    assert!(
+        logs.iter().any(|(_, m)| m.contains(
+            "back to running (the dump failed after DUMP_FINISH reported success): restored, unlocked"
+        )),
+        "{logs:?}"
+    );
+    // Once rolled back, nothing more happens.
+    let n = w.lock().unwrap().calls.len();
+    e.dump_finish(-1).unwrap();
+    assert_eq!(w.lock().unwrap().calls.len(), n);
+}
+
+#[test]
+fn a_task_that_exited_during_the_dump_is_not_reported_as_stuck() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&w, EngineConfig::default());
+    for pid in PIDS {
+        e.pause_devices(pid).unwrap();
+    }
+    w.lock().unwrap().tasks.get_mut(&100).unwrap().dead = true;
+    e.dump_finish(-1).unwrap();
+    let logs = w.lock().unwrap().logs.clone();
+    assert!(
+        logs.iter()
+            .any(|(l, m)| *l == Level::Warn && m.contains("pid 100: the task exited")),
+        "{logs:?}"
+    );
+    assert!(
+        !logs.iter().any(|(l, _)| *l == Level::Error),
+        "nothing is stuck: {logs:?}"
+    );
+    assert_eq!(states(&w)[1], CUprocessState::RUNNING);
+}
+
+/// The records a restore's `init` reads back from what the dump wrote (as
+/// [`crate::session`] does), for the task-list tests.
+fn records_from(w: &Shared) -> BTreeMap<Pid, TaskImage> {
+    let g = w.lock().unwrap();
+    let list = crate::image::TaskList::decode(g.task_list.as_ref().expect("a task list")).unwrap();
+    list.pids
+        .iter()
+        .map(|&p| (p, TaskImage::decode(&g.images[&p], p).unwrap()))
+        .collect()
+}
+
+fn listed_restore(
+    initial: [CUprocessState; 2],
+    cfg: impl FnOnce(BTreeMap<Pid, TaskImage>) -> EngineConfig,
+) -> (Shared, Engine) {
+    let (w, _) = restored_world(initial, true);
+    let records = records_from(&w);
+    let e = engine(&w, cfg(records));
+    (w, e)
+}
+
+#[test]
+fn the_task_list_names_the_cuda_tasks_so_others_are_never_probed() {
+    let (w, mut e) = listed_restore([CUprocessState::RUNNING; 2], |r| EngineConfig {
+        restore_tasks: Some(r),
+        ..Default::default()
+    });
+    for pid in PIDS {
+        e.resume_devices_late(pid).unwrap();
+    }
+    let calls = w.lock().unwrap().calls.clone();
+    assert!(
+        !calls.iter().any(|c| c.contains("102")),
+        "the CPU-only task costs nothing: {calls:?}"
+    );
+    assert_eq!(states(&w), vec![CUprocessState::RUNNING; 3]);
+    e.restore_finish(0);
+    assert!(!w
+        .lock()
+        .unwrap()
+        .logs
+        .iter()
+        .any(|(l, _)| *l == Level::Error));
+}
+
+#[test]
+fn a_failed_restore_kills_the_task_where_criu_would_release_it_anyway() {
+    for (ignored, policy, killed) in [
+        (true, RestoreFailure::Kill, true),
+        (true, RestoreFailure::Leave, false),
+        (false, RestoreFailure::Kill, false),
+    ] {
+        let case = format!("late errors ignored: {ignored}, {policy}");
+        let (w, mut e) = listed_restore([CUprocessState::RUNNING; 2], |r| EngineConfig {
+            restore_tasks: Some(r),
+            on_restore_failure: policy,
+            late_errors_ignored: ignored,
+            ..Default::default()
+        });
+        // 100: resume, then the restore fails.
+        w.lock().unwrap().fault_at = Some((1, FaultKind::Error));
+        e.resume_devices_late(100).unwrap_err();
+        let g = w.lock().unwrap();
+        assert_eq!(g.tasks[&100].dead, killed, "{case}");
+        assert!(!g.tasks[&100].thread_running, "{case}");
+        let logs: Vec<_> = g.logs.iter().map(|(_, m)| m.clone()).collect();
+        if killed {
+            assert!(
+                logs.iter().any(|m| m.contains("killed the task")
+                    && m.contains("on-restore-failure=kill")
+                    && m.contains("can be retried")),
+                "{case}: {logs:?}"
+            );
+        }
+        if ignored && !killed {
+            assert!(
+                logs.iter().any(|m| m.contains("left checkpointed")
+                    && m.contains("cuda-checkpoint --action restore --pid 100")),
+                "{case}: {logs:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn restore_finish_reports_listed_tasks_criu_never_resumed() {
+    let (w, mut e) = listed_restore([CUprocessState::RUNNING; 2], |r| EngineConfig {
+        restore_tasks: Some(r),
+        ..Default::default()
+    });
+    e.resume_devices_late(100).unwrap();
+    e.restore_finish(0);
+    let logs = w.lock().unwrap().logs.clone();
+    assert!(
+        logs.iter()
+            .any(|(l, m)| *l == Level::Error && m.contains("[101]")),
+        "{logs:?}"
+    );
+}
+
+#[test]
+fn a_listed_task_without_a_restore_thread_is_an_error_not_someone_else_s() {
+    let (w, mut e) = listed_restore([CUprocessState::RUNNING; 2], |r| EngineConfig {
+        restore_tasks: Some(r),
+        ..Default::default()
+    });
+    {
+        let mut g = w.lock().unwrap();
+        let t = g.tasks.get_mut(&100).unwrap();
+        t.tid = 4242; // the recorded TID is gone
+        t.cuda = false; // and the driver knows no CUDA state
+    }
+    let err = e.resume_devices_late(100).unwrap_err();
+    assert!(
+        matches!(err, EngineError::NoRestoreThread { pid: 100 }),
+        "{err}"
     );
 }

@@ -20,14 +20,16 @@
 //! | `cr_plugin_ctl` | list heads; ELF size = 16 × (hook count + 1) | 4.0 |
 
 use crate::backend::Pid;
-use crate::host::{Host, HostError, Level};
+use crate::host::{FreezeAlarm, Host, HostError, Level};
 use crate::session::InventoryAnswer;
+use crate::worker::Worker;
 use crate::PLUGIN_NAME;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::ptr::NonNull;
+use std::time::Duration;
 
 type PrintOnLevelFn = unsafe extern "C" fn(c_uint, *const c_char, ...);
 type AddInventoryFn = unsafe extern "C" fn(*const c_char) -> c_int;
@@ -38,6 +40,7 @@ type GetImageDirFn = unsafe extern "C" fn() -> c_int;
 type GetOptionsFn = unsafe extern "C" fn(*mut c_int, *mut *mut *mut c_char) -> c_int;
 type VoidFn = unsafe extern "C" fn();
 type StreamerOpenFn = unsafe extern "C" fn(*mut c_char, c_int) -> c_int;
+type AlarmTimeoutedFn = unsafe extern "C" fn() -> bool;
 
 use abi::criu::opts::{FINAL_STATE as OPTS_FINAL_STATE, TIMEOUT as OPTS_TIMEOUT};
 use abi::criu::streamer::{O_DUMP as STREAMER_O_DUMP, O_RSTR as STREAMER_O_RSTR};
@@ -128,10 +131,27 @@ pub fn fault_strategy() -> Option<i32> {
     read_u32(c"fi_strategy", 0).map(|v| v as i32)
 }
 
-/// Logs `msg` with the `cuda_plugin: ` prefix through `print_on_level(level, "%s", …)`, or to
-/// stderr when CRIU's logger is absent (unit tests, other hosts).
+/// The text of one log line: the `cuda_plugin: ` prefix, `Error: ` or `Warn: ` for those levels
+/// (as CRIU's own `pr_err`/`pr_warn` lines say, so that `grep Error` finds the plugin's
+/// failures too), capped well under CRIU's 8 KiB message buffer ([`crate::message`]).
+#[must_use]
+pub fn line(level: u32, msg: &str) -> String {
+    use abi::criu::log_level;
+    let tag = match level {
+        log_level::ERROR => "Error: ",
+        log_level::WARN => "Warn: ",
+        _ => "",
+    };
+    let line = format!("{PLUGIN_NAME}: {tag}{msg}");
+    let mut line = crate::message::cap(&line).into_owned();
+    line.push('\n');
+    line
+}
+
+/// Logs `msg` as [`line`] makes it through `print_on_level(level, "%s", …)`, or to stderr when
+/// CRIU's logger is absent (unit tests, other hosts).
 pub fn log(level: u32, msg: &str) {
-    let line = format!("{PLUGIN_NAME}: {msg}\n");
+    let line = line(level, msg);
     match criu_fn!(c"print_on_level", PrintOnLevelFn) {
         Some(print) => {
             let c = CString::new(line.replace('\0', "\\0")).unwrap_or_default();
@@ -318,11 +338,16 @@ pub fn write_image(name: &str, data: &[u8]) -> Result<(), HostError> {
         .map_err(|e| io_err("cannot write image", name, e))
 }
 
-/// Reads the image file `name`; `None` when it does not exist.
-pub fn read_image(name: &str) -> Result<Option<Vec<u8>>, HostError> {
+/// Reads the image file `name`, at most `limit` bytes; `None` when it does not exist.
+///
+/// Images are CRIU's regular files (or, with `--stream`, the streamer's pipe): anything else in
+/// their place (a FIFO that would block CRIU, `/dev/zero` that would be read until memory runs
+/// out, a symbolic link, a directory) is refused without reading, and so is a file longer than
+/// `limit`.
+pub fn read_image(name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError> {
     let dir = image_dir()?;
     let cname = CString::new(name).map_err(|e| io_err("name", name, e.into()))?;
-    let fd = if exists_at(dir, c"streamer-serve.sock") {
+    let file = if exists_at(dir, c"streamer-serve.sock") {
         let fd = streamer_open(&cname, STREAMER_O_RSTR)?;
         if fd == -libc::ENOENT {
             return Ok(None);
@@ -334,29 +359,101 @@ pub fn read_image(name: &str) -> Result<Option<Vec<u8>>, HostError> {
                 std::io::Error::from_raw_os_error(-fd),
             ));
         }
-        fd
+        own(fd)
     } else {
+        let flags =
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY;
         // SAFETY: openat with a directory descriptor and a NUL-terminated flat name.
-        let fd = unsafe { libc::openat(dir, cname.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::openat(dir, cname.as_ptr(), flags) };
         if fd < 0 {
             let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(None);
-            }
-            return Err(io_err("cannot open image", name, e));
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(None),
+                Some(libc::ELOOP) => Err(HostError::NotRegular {
+                    name: name.to_owned(),
+                    kind: "a symbolic link",
+                }),
+                _ => Err(io_err("cannot open image", name, e)),
+            };
         }
-        fd
+        let file = own(fd);
+        let meta = file
+            .metadata()
+            .map_err(|e| io_err("cannot stat image", name, e))?;
+        let kind = file_kind(&meta.file_type());
+        if kind != "a regular file" {
+            return Err(HostError::NotRegular {
+                name: name.to_owned(),
+                kind,
+            });
+        }
+        file
     };
     let mut buf = Vec::new();
-    own(fd)
+    file.take(u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1))
         .read_to_end(&mut buf)
         .map_err(|e| io_err("cannot read image", name, e))?;
+    if buf.len() > limit {
+        return Err(HostError::TooLarge {
+            name: name.to_owned(),
+            limit,
+        });
+    }
     Ok(Some(buf))
 }
 
-/// The [`Host`] backed by CRIU's services.
-#[derive(Debug, Default)]
-pub struct CriuHost;
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
+}
+
+/// CRIU's freeze alarm: `alarm_timeouted()` says whether it fired; the time left comes from the
+/// process's real-time interval timer, which `alarm(2)` arms (`getitimer(ITIMER_REAL)` reads it
+/// without changing it).
+#[must_use]
+pub fn freeze_alarm() -> FreezeAlarm {
+    let Some(fired) = criu_fn!(c"alarm_timeouted", AlarmTimeoutedFn) else {
+        return FreezeAlarm::Unknown;
+    };
+    // SAFETY: CRIU's `bool alarm_timeouted(void)` reads a static counter.
+    if unsafe { fired() } {
+        return FreezeAlarm::Expired;
+    }
+    let mut t = std::mem::MaybeUninit::<libc::itimerval>::zeroed();
+    // SAFETY: getitimer writes one itimerval into `t`, which is valid and writable.
+    if unsafe { libc::getitimer(libc::ITIMER_REAL, t.as_mut_ptr()) } != 0 {
+        return FreezeAlarm::Unknown;
+    }
+    // SAFETY: getitimer succeeded, so it initialised `t`.
+    let v = unsafe { t.assume_init() }.it_value;
+    let left = Duration::from_secs(u64::try_from(v.tv_sec).unwrap_or(0))
+        + Duration::from_micros(u64::try_from(v.tv_usec).unwrap_or(0));
+    if left.is_zero() {
+        FreezeAlarm::Disarmed
+    } else {
+        FreezeAlarm::Armed { left }
+    }
+}
+
+/// The [`Host`] backed by CRIU's services; GPU enumeration runs on the session's worker.
+#[derive(Debug)]
+pub struct CriuHost {
+    pub worker: Worker,
+}
 
 impl Host for CriuHost {
     fn log(&self, level: Level, msg: &str) {
@@ -381,8 +478,16 @@ impl Host for CriuHost {
         write_image(&crate::image::file_name(pid), data)
     }
 
+    fn write_task_list(&mut self, data: &[u8]) -> Result<(), HostError> {
+        write_image(crate::image::LIST_FILE_NAME, data)
+    }
+
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
-        read_image(&crate::image::file_name(pid))
+        read_image(&crate::image::file_name(pid), crate::image::MAX_TASK_IMAGE)
+    }
+
+    fn freeze_alarm(&self) -> FreezeAlarm {
+        freeze_alarm()
     }
 
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
@@ -393,7 +498,7 @@ impl Host for CriuHost {
         &mut self,
         limit: Option<std::time::Duration>,
     ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
-        crate::ffi::cuda::enumerate_gpus_within(limit)
+        crate::ffi::cuda::enumerate_gpus_within(&self.worker, limit)
     }
 }
 
@@ -411,14 +516,18 @@ mod tests {
         assert!(!set_interrupt_only_mode());
         assert!(matches!(inventory_query(), InventoryAnswer::Unknown(_)));
         assert!(inventory_consume().is_err());
+        let mut host = CriuHost {
+            worker: Worker::new(std::sync::Arc::new(|| {})),
+        };
         assert!(matches!(
-            CriuHost.add_inventory_entry(),
+            host.add_inventory_entry(),
             Err(HostError::Missing("add_inventory_plugin"))
         ));
         assert!(matches!(
-            read_image("x"),
+            read_image("x", 10),
             Err(HostError::Missing("criu_get_image_dir"))
         ));
+        assert_eq!(freeze_alarm(), FreezeAlarm::Unknown, "no alarm_timeouted");
         log(
             abi::criu::log_level::INFO,
             "logging falls back to stderr with %s %n intact",

@@ -108,35 +108,16 @@ fn cu(what: &str, r: CUresult) -> Result<(), String> {
     }
 }
 
-/// [`enumerate_gpus`] on a worker thread, given up after `limit` (`cuInit` or an enumeration
-/// call that hangs in a broken driver must not hang CRIU). A call given up on keeps running;
-/// the library stays loaded, so that is safe, and [`crate::ffi::pin_self`] keeps this plugin
-/// mapped for it.
-pub fn enumerate_gpus_within(limit: Option<std::time::Duration>) -> Result<Vec<GpuInfo>, String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("cuda_plugin-gpus".into())
-        .spawn(move || {
-            let _ = tx.send(enumerate_gpus());
-        })
-        .map_err(|e| format!("cannot start a thread to enumerate the GPUs: {e}"))?;
-    match limit {
-        None => rx
-            .recv()
-            .map_err(|_| "the GPU enumeration thread died".to_owned())?,
-        Some(d) => match rx.recv_timeout(d) {
-            Ok(r) => r,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                crate::ffi::pin_self();
-                Err(format!(
-                    "cuInit or the GPU enumeration timed out after {d:?}"
-                ))
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                Err("the GPU enumeration thread died".to_owned())
-            }
-        },
-    }
+/// [`enumerate_gpus`] on `worker`, given up after `limit` (`cuInit` or an enumeration call that
+/// hangs in a broken driver must not hang CRIU; see [`crate::worker`] for what happens to a call
+/// given up on).
+pub fn enumerate_gpus_within(
+    worker: &crate::worker::Worker,
+    limit: Option<std::time::Duration>,
+) -> Result<Vec<GpuInfo>, String> {
+    worker
+        .call("cuInit/GPU enumeration", limit, enumerate_gpus)
+        .map_err(|e| format!("cuInit or the GPU enumeration: {e}"))?
 }
 
 /// Every GPU of CRIU's view: ordinal, UUID, name and memory, through the driver library

@@ -26,6 +26,7 @@ use crate::hooks::{self, MaxHooks};
 use crate::host::Level;
 use crate::select::Selected;
 use crate::session::{self, InitContext, InitServices, InventoryAnswer, Start};
+use crate::worker::Worker;
 use abi::criu::options_meta::{self, CrPluginOptionMeta, CrPluginOptionsMeta};
 use abi::criu::{CrPluginDesc, Hook, Stage, CRIU_PLUGIN_VERSION, HOOK_COUNT_BUILD};
 use std::cell::UnsafeCell;
@@ -73,6 +74,7 @@ static OPTION_META: [CrPluginOptionMeta; crate::options::DOCS.len()] = [
     option_meta(1),
     option_meta(2),
     option_meta(3),
+    option_meta(4),
 ];
 
 /// `CR_PLUGIN_OPTIONS_META`: the plugin's options, for tools that list them without calling
@@ -171,32 +173,24 @@ fn install_panic_hook() {
     });
 }
 
-/// The production [`InitServices`].
-struct RealServices;
+/// The production [`InitServices`]; every driver call runs on the session's worker.
+struct RealServices {
+    worker: Worker,
+}
 
 impl InitServices for RealServices {
     fn probe_driver(&mut self, call_init: bool, limit: Option<Duration>) -> DriverProbe {
-        // On a worker: a driver whose cuDriverGetVersion or cuInit hangs must not hang CRIU.
-        let (tx, rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("cuda_plugin-probe".into())
-            .spawn(move || {
-                let _ = tx.send(probe_driver(cuda::load(), call_init));
-            });
-        if let Err(e) = spawned {
-            return DriverProbe::Error(format!("cannot start a thread to probe the driver: {e}"));
+        // A driver whose cuDriverGetVersion or cuInit hangs must not hang CRIU.
+        match self
+            .worker
+            .call("cuDriverGetVersion/cuInit", limit, move || {
+                probe_driver(cuda::load(), call_init)
+            }) {
+            Ok(p) => p,
+            Err(e) => DriverProbe::Error(format!(
+                "probing libcuda.so.1 (cuDriverGetVersion/cuInit): {e}"
+            )),
         }
-        let got = match limit {
-            None => rx.recv().ok(),
-            Some(d) => rx.recv_timeout(d).ok(),
-        };
-        got.unwrap_or_else(|| {
-            crate::ffi::pin_self();
-            DriverProbe::Error(format!(
-                "cuDriverGetVersion/cuInit of libcuda.so.1 timed out after {}",
-                limit.map_or_else(|| "its lifetime".to_owned(), |d| format!("{d:?}"))
-            ))
-        })
     }
     fn probe_cli(
         &mut self,
@@ -212,14 +206,18 @@ impl InitServices for RealServices {
     fn inventory_consume(&mut self) -> Result<(), String> {
         criu::inventory_consume()
     }
-    fn read_gpu_inventory(&mut self) -> Result<Option<Vec<u8>>, String> {
-        criu::read_image(crate::inventory::FILE_NAME).map_err(|e| e.to_string())
+    fn read_image(
+        &mut self,
+        name: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<u8>>, crate::host::HostError> {
+        criu::read_image(name, limit)
     }
     fn current_gpus(
         &mut self,
         limit: Option<Duration>,
     ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
-        cuda::enumerate_gpus_within(limit)
+        cuda::enumerate_gpus_within(&self.worker, limit)
     }
 }
 
@@ -247,6 +245,7 @@ fn init(stage: Stage) -> c_int {
         ),
     );
     let ctx = InitContext {
+        late_errors_ignored: !mh.has_dump_finish(),
         stage,
         host_options: criu::plugin_options(),
         env: Environment::from_process(),
@@ -261,7 +260,11 @@ fn init(stage: Stage) -> c_int {
             "cannot read CRIU's opts.final_state; assuming the tasks do not stay running",
         );
     }
-    match session::start(&ctx, &mut RealServices) {
+    let worker = Worker::new(Arc::new(super::pin_self));
+    let mut services = RealServices {
+        worker: worker.clone(),
+    };
+    match session::start(&ctx, &mut services) {
         Ok(Start::Disabled { reason, warn }) => {
             log(
                 if warn { Level::Warn } else { Level::Info },
@@ -307,12 +310,11 @@ fn init(stage: Stage) -> c_int {
             if stage == Stage::DUMP && !criu::set_interrupt_only_mode() {
                 log(Level::Warn, "CRIU has no set_compel_interrupt_only_mode; a cgroup freezer would also freeze restore threads");
             }
-            let backend =
-                session::build_backend(plan.selected, plan.cfg.timeout, Arc::new(super::pin_self));
+            let backend = session::build_backend(plan.selected, plan.cfg.timeout, worker.clone());
             let engine = Engine::new(
                 backend,
                 Box::new(ptrace::Ptrace),
-                Box::new(criu::CriuHost),
+                Box::new(criu::CriuHost { worker }),
                 plan.cfg,
             );
             *active() = Some(Active {
@@ -388,8 +390,12 @@ extern "C" fn cuda_plugin_exit(stage: c_int, ret: c_int) {
         let Some(mut a) = active().take() else { return };
         if let Some(engine) = a.engine.as_mut() {
             if a.stage == Stage::DUMP && Stage(stage) == Stage::DUMP {
-                // No-op when DUMP_FINISH already ran; errors are logged by the engine.
+                // After DUMP_FINISH: rolls back only if the dump failed after it; errors are
+                // logged by the engine.
                 let _ = engine.dump_finish(ret);
+            }
+            if a.stage == Stage::RESTORE && Stage(stage) == Stage::RESTORE {
+                engine.restore_finish(ret);
             }
             if let Some(n) = engine.backend().executions() {
                 log(

@@ -174,6 +174,43 @@ impl ThreadControl for Ptrace {
     fn thread_exists(&self, pid: Pid, tid: Tid) -> bool {
         std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
     }
+
+    fn task_exists(&self, pid: Pid) -> bool {
+        crate::thread::process_alive(pid)
+    }
+
+    fn stopped(&self, pid: Pid, tid: Tid) -> Option<char> {
+        crate::thread::thread_state(pid, tid).filter(|s| matches!(s, 'T' | 't'))
+    }
+
+    fn kill_task(&mut self, pid: Pid) -> Result<(), ThreadError> {
+        const LIMIT: Duration = Duration::from_secs(2);
+        // SAFETY: kill(2) only sends a signal.
+        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if errno == libc::ESRCH {
+                return Ok(());
+            }
+            return Err(ThreadError::Ptrace {
+                step: "kill(SIGKILL)",
+                tid: pid,
+                errno,
+            });
+        }
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(100);
+        while crate::thread::process_alive(pid) {
+            if start.elapsed() >= LIMIT {
+                return Err(ThreadError::KillTimeout {
+                    pid,
+                    ms: u64::try_from(LIMIT.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
