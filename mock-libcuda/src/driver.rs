@@ -129,6 +129,17 @@ pub fn apply_fault<T>(
             }
             op()
         }
+        FaultAction::ForeignLock => {
+            if let Some(pid) = target {
+                let _ = send(
+                    world,
+                    pid,
+                    Op::Lock { timeout_ms: 0 },
+                    request_deadline(world),
+                );
+            }
+            op()
+        }
         FaultAction::Garbage { .. } => Err(CUresult::ERROR_UNKNOWN),
     }
 }

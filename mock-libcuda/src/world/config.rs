@@ -157,6 +157,10 @@ pub enum FaultAction {
     },
     /// SIGKILL the target process, then carry the call on (it fails as for a dead target).
     KillTarget,
+    /// Another tool locks the target first (as `cuda-checkpoint --action lock` run by an
+    /// operator would, through its restore thread), then the call goes on: a lock then fails
+    /// with `CUDA_ERROR_ILLEGAL_STATE`, the target is LOCKED by someone else.
+    ForeignLock,
     /// `cuda-checkpoint` only: print `text` and exit with `status` without doing anything.
     Garbage { text: String, status: i32 },
 }
