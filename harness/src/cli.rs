@@ -58,6 +58,10 @@ pub struct CommonArgs {
     /// Freeze timeout in seconds.
     #[arg(long, default_value_t = DEFAULT_TIMEOUT)]
     pub timeout: u32,
+    /// An action script (run with `CRTOOLS_SCRIPT_ACTION` set; the emulated engine runs it for
+    /// `post-dump` only, the one action whose result reaches plugins).
+    #[arg(long = "action-script", value_name = "FILE")]
+    pub action_script: Option<PathBuf>,
     /// Log file (relative to the image directory unless absolute).
     #[arg(short = 'o', long = "log-file")]
     pub log_file: Option<PathBuf>,
@@ -174,6 +178,7 @@ fn config(profile: HostProfile, c: &CommonArgs) -> Result<Config, CliError> {
         timeout: c.timeout,
         options: c.plugin_option.clone(),
         fault,
+        action_script: c.action_script.clone(),
     })
 }
 

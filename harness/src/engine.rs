@@ -110,6 +110,8 @@ pub struct Config {
     pub options: Vec<PluginOption>,
     /// `CRIU_FAULT`.
     pub fault: i32,
+    /// `--action-script`.
+    pub action_script: Option<PathBuf>,
 }
 
 /// Why a lifecycle failed.
@@ -178,6 +180,20 @@ pub enum EngineError {
         fd: i32,
         /// What it refers to (`anon_inode:[userfaultfd]`).
         what: String,
+    },
+    /// A restored task died before it was released.
+    #[error("task {pid} died before the restore finished")]
+    TaskDied {
+        /// The task.
+        pid: i32,
+    },
+    /// An action script failed (post-dump: the dump fails and the tree is resumed).
+    #[error("{action} action script failed with {reason}")]
+    ActionScript {
+        /// `post-dump`.
+        action: &'static str,
+        /// The exit status.
+        reason: String,
     },
     /// Freezing or re-seizing the tree failed.
     #[error("failed to freeze the process tree")]
@@ -666,8 +682,26 @@ pub fn dump(cfg: &Config, root: i32, final_state: FinalState) -> Result<(), Engi
         result = write_inventory(cfg, "dump", final_state, &frozen);
     }
 
-    // cr_dump_finish(ret)
+    // cr_dump_finish(ret): the post-dump action script runs after a successful dump; its
+    // failure makes CRIU resume the tree and fail, and (#3076) reaches DUMP_FINISH and the
+    // plugins' exit, while CRIU 4.1/4.2 pass plugins the dump's own result only.
     let mut ret = if result.is_ok() { 0 } else { -1 };
+    let mut post_dump_failed = false;
+    if ret == 0 {
+        if let Some(script) = &cfg.action_script {
+            if let Err(e) = run_action_script(script, "post-dump") {
+                pr_info!("Post dump script passed with {e}");
+                post_dump_failed = true;
+                result = Err(EngineError::ActionScript {
+                    action: "post-dump",
+                    reason: e,
+                });
+            }
+        }
+    }
+    if post_dump_failed && cfg.rules == Rules::Newer {
+        ret = -1;
+    }
     let r = engine.dispatch_global(Hook::DUMP_FINISH, Arg::Int(ret));
     if r != 0 && r != ENOTSUP && ret == 0 {
         pr_err!("dump finish hook failed: {r}");
@@ -683,7 +717,7 @@ pub fn dump(cfg: &Config, root: i32, final_state: FinalState) -> Result<(), Engi
         let _ = std::fs::remove_file(cfg.images_dir.join(inventory::FILE_NAME));
     }
     let mode = match (ret, final_state) {
-        (0, FinalState::Dead | FinalState::Stopped) => Release::Stop,
+        (0, FinalState::Dead | FinalState::Stopped) if !post_dump_failed => Release::Stop,
         _ => Release::Resume {
             continue_stopped: false,
         },
@@ -703,6 +737,23 @@ pub fn dump(cfg: &Config, root: i32, final_state: FinalState) -> Result<(), Engi
     }
     trace_event!("dump -> {}", if result.is_ok() { "ok" } else { "failed" });
     result
+}
+
+/// Runs `script` as CRIU runs an action script: through the shell, with
+/// `CRTOOLS_SCRIPT_ACTION=action`. Returns a description of a non-zero exit.
+fn run_action_script(script: &Path, action: &str) -> Result<(), String> {
+    let status = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script.as_os_str())
+        .env("CRTOOLS_SCRIPT_ACTION", action)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{} ({status})", status.code().unwrap_or(-1)))
+    }
 }
 
 /// Descriptor kinds CRIU (4.1, 4.2) refuses to dump: anonymous inodes without a dumper. A
@@ -836,6 +887,18 @@ pub fn restore(cfg: &Config) -> Result<(), EngineError> {
     }
     if result.is_ok() {
         result = resume_devices_late(&engine, cfg, &frozen);
+    }
+    if result.is_ok() {
+        // finalize_restore_detach: a task that died (a plugin killed it) cannot be detached,
+        // and CRIU fails the restore ("Unable to detach", then it kills the tree).
+        if let Some(t) = frozen
+            .tasks()
+            .iter()
+            .find(|t| !t.zombie && matches!(crate::procfs::state(t.pid), 'Z' | 'X' | '?'))
+        {
+            pr_err!("Unable to detach {}: No such process", t.pid);
+            result = Err(EngineError::TaskDied { pid: t.pid });
+        }
     }
     let closed = close_images(cfg);
     if result.is_ok() {

@@ -499,6 +499,11 @@ impl Frozen {
 }
 
 fn detach_thread(pid: i32, tid: i32) {
+    // A task that died while traced (a plugin killed it) has nothing to detach; waiting for its
+    // leader would wait for ever, as its threads' exits are ours to collect first.
+    if matches!(crate::procfs::state(pid), 'Z' | 'X' | '?') {
+        return;
+    }
     let p = Pid::from_raw(tid);
     match ptrace::detach(p, None) {
         Ok(()) => {}

@@ -709,8 +709,46 @@ impl Exec<'_> {
                     }
                 }
             }
+            Action::Signal => {
+                let task = step.task.as_deref().unwrap_or_default();
+                let pid = *self
+                    .pids
+                    .get(task)
+                    .ok_or_else(|| format!("step {i}: no task `{task}`"))?;
+                let name = step.signal.as_deref().unwrap_or_default();
+                let sig: nix::sys::signal::Signal = format!("SIG{name}")
+                    .parse()
+                    .map_err(|e| format!("step {i}: {name}: {e}"))?;
+                nix::sys::signal::kill(Pid::from_raw(pid), sig)
+                    .map_err(|e| format!("step {i}: kill {task}: {e}"))?;
+                if sig == nix::sys::signal::Signal::SIGSTOP {
+                    let end = Instant::now() + Duration::from_secs(5);
+                    while state(pid) != 'T' && Instant::now() < end {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                let _ = writeln!(detail, "-- signal\nSIG{name} to {task}");
+            }
+            Action::SpecialImage => {
+                let name = self.image_name(step.name.as_deref().unwrap_or_default());
+                let path = self.dir.join("img").join(&name);
+                let kind = step.kind.ok_or_else(|| format!("step {i}: no kind"))?;
+                let _ = std::fs::remove_file(&path);
+                let made = match kind {
+                    crate::scenario::SpecialKind::Fifo => {
+                        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                            .map_err(std::io::Error::from)
+                    }
+                    crate::scenario::SpecialKind::DevZero => {
+                        std::os::unix::fs::symlink("/dev/zero", &path)
+                    }
+                    crate::scenario::SpecialKind::Directory => std::fs::create_dir(&path),
+                };
+                made.map_err(|e| format!("step {i}: {}: {e}", path.display()))?;
+                let _ = writeln!(detail, "-- image\n{} -> {kind:?}", self.normalise(&name));
+            }
             Action::RemoveImage | Action::WriteImage => {
-                let name = step.name.clone().unwrap_or_default();
+                let name = self.image_name(step.name.as_deref().unwrap_or_default());
                 let bytes = step
                     .hex
                     .as_deref()
@@ -742,18 +780,26 @@ impl Exec<'_> {
                     }
                     Ok(Some(data))
                 })?;
+                // The plugin's task images and task list hold pids, which differ from run to
+                // run: their sizes and bytes are left out.
+                let per_task = step
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.contains('{') || n.starts_with("cuda-plugin-"));
+                let size = |b: &Option<Vec<u8>>, gone: &str| match b {
+                    None => gone.to_owned(),
+                    Some(_) if per_task => "present".to_owned(),
+                    Some(b) => format!("{} bytes", b.len()),
+                };
                 let _ = writeln!(
                     detail,
-                    "-- image\n{name}{}: {} -> {}",
+                    "-- image\n{}{}: {} -> {}",
+                    self.normalise(&name),
                     if streamed { " (in the stream)" } else { "" },
-                    before
-                        .as_ref()
-                        .map_or_else(|| "absent".to_owned(), |b| format!("{} bytes", b.len())),
-                    after
-                        .as_ref()
-                        .map_or_else(|| "removed".to_owned(), |b| format!("{} bytes", b.len())),
+                    size(&before, "absent"),
+                    size(&after, "removed"),
                 );
-                if let Some(b) = &after {
+                if let (Some(b), false) = (&after, per_task) {
                     for chunk in b.chunks(32) {
                         let line: Vec<String> = chunk.iter().map(|x| format!("{x:02x}")).collect();
                         let _ = writeln!(detail, "{}", line.join(" "));
@@ -808,6 +854,32 @@ impl Exec<'_> {
         Ok((before, after, false))
     }
 
+    /// The arguments a CRIU step adds for its `criu_timeout` and `action_script`.
+    fn criu_step_args(&self, c: &mut Command, step: &Step) -> Result<(), String> {
+        if let Some(t) = step.criu_timeout {
+            c.arg("--timeout").arg(t.to_string());
+        }
+        if let Some(text) = &step.action_script {
+            let path = self.dir.join("action-script.sh");
+            std::fs::write(&path, format!("#!/bin/sh\n{text}\n"))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            c.arg("--action-script").arg(&path);
+        }
+        Ok(())
+    }
+
+    /// An image step's file name, with every `{task}` replaced by that task's pid.
+    fn image_name(&self, name: &str) -> String {
+        let mut out = name.to_owned();
+        for (task, pid) in &self.pids {
+            out = out.replace(&format!("{{{task}}}"), &pid.to_string());
+        }
+        out
+    }
+
     fn step(&mut self, i: usize, step: &Step, lib: &Path) -> Result<(), String> {
         if step.action.is_harness_side() {
             return self.harness_step(i, step);
@@ -857,6 +929,7 @@ impl Exec<'_> {
             if step.leave_running {
                 c.arg("--leave-running");
             }
+            self.criu_step_args(&mut c, step)?;
             if !options.is_empty() {
                 env_options = Some(options.join(" "));
             }
@@ -884,6 +957,7 @@ impl Exec<'_> {
             if step.stream {
                 c.arg("--stream");
             }
+            self.criu_step_args(&mut c, step)?;
             let native = self
                 .s
                 .host
@@ -913,22 +987,19 @@ impl Exec<'_> {
             c.env_remove("CRIU_CUDA_FORCE_ENABLE");
         }
         let started = Instant::now();
-        let mut child = c
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("step {i}: spawn {verb}: {e}"))?;
-        self.procs.insert(child.id() as i32, label);
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut o) = child.stdout.take() {
-            let _ = o.read_to_string(&mut stdout);
-        }
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut stderr);
-        }
-        let status = child.wait().map_err(|e| e.to_string())?;
+        let limit = step_limit(step);
+        let (status, stdout, stderr) = run_bounded(&mut c, limit, |pid| {
+            self.procs.insert(pid, label);
+        })
+        .map_err(|e| format!("step {i} ({verb}): {e}"))?;
+        let status = status.ok_or_else(|| {
+            format!(
+                "step {i} ({verb}) did not finish within {} s; killed it and its process group \
+                 (log: {})",
+                limit.as_secs(),
+                log.display()
+            )
+        })?;
         let took = started.elapsed();
         let got = if status.success() {
             Outcome::Ok
@@ -1004,6 +1075,15 @@ impl Exec<'_> {
                 log.display()
             )
         };
+        if let Some(w) = step.within {
+            if took.as_secs_f64() > w {
+                return Err(format!(
+                    "step {i} ({verb}) took {:.2} s, more than the {w} s it must end within{}",
+                    took.as_secs_f64(),
+                    context()
+                ));
+            }
+        }
         if got != step.outcome() {
             return Err(format!(
                 "step {i} ({verb}) expected {:?}, got {:?} ({status}, {:.1} s){}",
@@ -1135,9 +1215,31 @@ impl Exec<'_> {
                 || chars
                     .get(j)
                     .is_some_and(|n| n.is_alphanumeric() || *n == '-');
+            let before: String = chars[..i]
+                .iter()
+                .rev()
+                .take(10)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let lock_timeout = before.ends_with("timeoutMs=") || before.ends_with("--timeout ");
             if k > j && unit.is_some() {
                 out.push_str("N.N");
                 i = k;
+            } else if k == j && (unit == Some(&" ms") || unit == Some(&"ms")) {
+                // Whole milliseconds (what is left of CRIU's freeze alarm, say): timing.
+                out.push('N');
+                i = j;
+            } else if let (true, Ok(ms)) = (lock_timeout, num.parse::<u64>()) {
+                // A lock timeout the freeze alarm shortened depends on timing: keep the
+                // configured (whole-second) ones, round the rest.
+                if ms % 1000 == 0 {
+                    out.push_str(&num);
+                } else {
+                    out.push_str(&format!("~{}s", (ms + 500) / 1000));
+                }
+                i = j;
             } else if let (false, Some(name)) = (glued, self.names.get(&num)) {
                 out.push_str(name);
                 i = j;
@@ -1312,6 +1414,66 @@ impl Exec<'_> {
         }
         kill_and_reap(&victims, self.root_child.take());
     }
+}
+
+/// How long a step may run before the watchdog kills it: 120 s, or four times its `within`.
+fn step_limit(step: &Step) -> Duration {
+    let floor = Duration::from_secs(120);
+    step.within
+        .map_or(floor, |w| floor.max(Duration::from_secs_f64(w * 4.0)))
+}
+
+/// Runs `c` in its own process group with its output captured, for at most `limit`: on
+/// expiry the whole group is killed and the status is `None`. `on_spawn` learns the pid.
+fn run_bounded(
+    c: &mut Command,
+    limit: Duration,
+    on_spawn: impl FnOnce(i32),
+) -> Result<(Option<std::process::ExitStatus>, String, String), String> {
+    use std::os::unix::process::CommandExt;
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = c.spawn().map_err(|e| format!("spawn: {e}"))?;
+    let pid = child.id() as i32;
+    on_spawn(pid);
+    let reader = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let out = reader(child.stdout.take().map(|o| Box::new(o) as _));
+    let err = reader(child.stderr.take().map(|e| Box::new(e) as _));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(st);
+        }
+        if start.elapsed() >= limit {
+            let _ = nix::sys::signal::killpg(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // A process the step left behind may hold the pipes: do not wait for it.
+    let collect = |h: std::thread::JoinHandle<String>| {
+        let t = Instant::now();
+        while !h.is_finished() && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if h.is_finished() {
+            h.join().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    Ok((status, collect(out), collect(err)))
 }
 
 fn proc_children(pid: i32) -> Vec<i32> {
@@ -1546,4 +1708,50 @@ fn print_row(r: &Row) {
         "{:<64} {host:<16} {backend:<16} {result:<7} {time:>6.1}s",
         r.name
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_watchdog_kills_a_hung_step_and_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("child.pid");
+        // A step that starts a process of its own, then hangs.
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c").arg(format!(
+            "sleep 60 & echo $! > {}; sleep 60",
+            pidfile.display()
+        ));
+        let start = Instant::now();
+        let mut seen = None;
+        let (status, _, _) =
+            run_bounded(&mut c, Duration::from_millis(300), |p| seen = Some(p)).unwrap();
+        assert!(status.is_none(), "reported as not finished");
+        assert!(seen.is_some());
+        assert!(start.elapsed() < Duration::from_secs(10), "bounded");
+        let child: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while Path::new(&format!("/proc/{child}")).exists()
+            && !matches!(state(child), 'Z' | 'X')
+            && Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            matches!(state(child), 'Z' | 'X' | '?'),
+            "the step's own process was killed with its group"
+        );
+        // A step that ends in time reports its status and output.
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c").arg("echo out; echo err >&2; exit 3");
+        let (status, out, err) = run_bounded(&mut c, Duration::from_secs(20), |_| {}).unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(3));
+        assert_eq!((out.trim(), err.trim()), ("out", "err"));
+    }
 }

@@ -49,6 +49,22 @@
 //! name = "cuda-gpu-inventory.img"
 //!
 //! [[steps]]
+//! action = "special-image"       # put a FIFO, a symbolic link to /dev/zero or a directory in
+//! name = "cuda-plugin-{gpu}.img"  # place of an image; in image names `{task}` is that task's
+//! kind = "fifo"                  # pid at the dump (fifo | dev-zero | directory)
+//!
+//! [[steps]]
+//! action = "signal"              # send a signal to a task (STOP, CONT, KILL, ...)
+//! task = "gpu"
+//! signal = "STOP"
+//!
+//! [[steps]]                      # CRIU steps also take: `criu_timeout = 3` (CRIU's --timeout),
+//! action = "dump"                # `action_script = "exit 3"` (a post-dump action script, dump
+//! expect = "fail"                # only) and `within = 3.5` (the step must end within that many
+//! criu_timeout = 3               # seconds); every step is killed after 120 s (or 4 × `within`)
+//! within = 3.5
+//!
+//! [[steps]]
 //! action = "write-image"         # replace an image with `hex` bytes (whitespace and `_`
 //! name = "cuda-gpu-inventory.img"  # ignored); with `offset`, overwrite from there instead;
 //! hex = "02000000"     # with `truncate = N`, keep the first N bytes (after any overwrite)
@@ -217,6 +233,11 @@ pub enum Action {
     RemoveImage,
     /// Replace or patch an image (`name`) with `hex` bytes (`offset`, `truncate`).
     WriteImage,
+    /// Replace an image (`name`) with something that is not a regular file (`kind`: `fifo`,
+    /// `dev-zero` (a symbolic link to `/dev/zero`) or `directory`).
+    SpecialImage,
+    /// Send `signal` (`STOP`, `CONT`, ...) to `task`.
+    Signal,
 }
 
 impl Action {
@@ -225,7 +246,11 @@ impl Action {
     pub fn is_harness_side(self) -> bool {
         matches!(
             self,
-            Action::ReconfigureWorld | Action::RemoveImage | Action::WriteImage
+            Action::ReconfigureWorld
+                | Action::RemoveImage
+                | Action::WriteImage
+                | Action::SpecialImage
+                | Action::Signal
         )
     }
 }
@@ -293,6 +318,33 @@ pub struct Step {
     /// `write-image`: keep only the first N bytes (after any overwrite).
     #[serde(default)]
     pub truncate: Option<u64>,
+    /// `special-image`: what replaces the image.
+    #[serde(default)]
+    pub kind: Option<SpecialKind>,
+    /// `signal`: the signal's name without `SIG` (`STOP`, `CONT`, `KILL`, ...).
+    #[serde(default)]
+    pub signal: Option<String>,
+    /// CRIU's `--timeout` (seconds) for this step (default: CRIU's own, 10).
+    #[serde(default)]
+    pub criu_timeout: Option<u32>,
+    /// A post-dump action script (shell text) for this step (`--action-script`).
+    #[serde(default)]
+    pub action_script: Option<String>,
+    /// The step must end within this many seconds (a bounded-time expectation).
+    #[serde(default)]
+    pub within: Option<f64>,
+}
+
+/// What a `special-image` step puts in place of an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpecialKind {
+    /// A named pipe nobody writes to (a plain `open` would block).
+    Fifo,
+    /// A symbolic link to `/dev/zero` (endless data).
+    DevZero,
+    /// A directory.
+    Directory,
 }
 
 impl Step {
@@ -465,11 +517,19 @@ impl Scenario {
         for (i, st) in self.steps.iter().enumerate() {
             self.validate_step(i, st)?;
             match (st.action, &st.task) {
-                (Action::CudaCheckpoint, Some(t)) if seen.contains(&t.as_str()) => {}
-                (Action::CudaCheckpoint, _) => {
-                    return Err(format!("step {i}: cuda-checkpoint needs a declared `task`"))
+                (Action::CudaCheckpoint | Action::Signal, Some(t))
+                    if seen.contains(&t.as_str()) => {}
+                (Action::CudaCheckpoint | Action::Signal, _) => {
+                    return Err(format!(
+                        "step {i}: {} needs a declared `task`",
+                        name(st.action)
+                    ))
                 }
-                (_, Some(_)) => return Err(format!("step {i}: only cuda-checkpoint takes a task")),
+                (_, Some(_)) => {
+                    return Err(format!(
+                        "step {i}: only cuda-checkpoint and signal take a task"
+                    ))
+                }
                 (_, None) => {}
             }
             if let Some(b) = &st.backend {
@@ -532,7 +592,10 @@ impl Scenario {
             }
         };
         let harness = st.action.is_harness_side();
-        let image = matches!(st.action, Action::RemoveImage | Action::WriteImage);
+        let image = matches!(
+            st.action,
+            Action::RemoveImage | Action::WriteImage | Action::SpecialImage
+        );
         key(
             "world",
             st.world.is_some(),
@@ -543,6 +606,38 @@ impl Scenario {
         key("hex", st.hex.is_some(), write)?;
         key("offset", st.offset.is_some(), write)?;
         key("truncate", st.truncate.is_some(), write)?;
+        key("kind", st.kind.is_some(), st.action == Action::SpecialImage)?;
+        if st.action == Action::SpecialImage && st.kind.is_none() {
+            return Err(format!("step {i}: a `special-image` step needs `kind`"));
+        }
+        key("signal", st.signal.is_some(), st.action == Action::Signal)?;
+        if st.action == Action::Signal {
+            let sig = st.signal.as_deref().unwrap_or_default();
+            if format!("SIG{sig}")
+                .parse::<nix::sys::signal::Signal>()
+                .is_err()
+            {
+                return Err(format!(
+                    "step {i}: `{sig}` is not a signal name (STOP, CONT, ...)"
+                ));
+            }
+            if st.task.is_none() {
+                return Err(format!("step {i}: a `signal` step needs `task`"));
+            }
+        }
+        let criu = matches!(st.action, Action::Dump | Action::PreDump | Action::Restore);
+        key("criu_timeout", st.criu_timeout.is_some(), criu)?;
+        key(
+            "action_script",
+            st.action_script.is_some(),
+            st.action == Action::Dump,
+        )?;
+        key("within", st.within.is_some(), !harness)?;
+        if st.within.is_some_and(|w| !(w > 0.0 && w < 600.0)) {
+            return Err(format!(
+                "step {i}: `within` must be between 0 and 600 seconds"
+            ));
+        }
         for (k, present) in [
             ("leave_running", st.leave_running),
             ("stream", st.stream),
@@ -572,6 +667,18 @@ impl Scenario {
         if let Some(n) = &st.name {
             if n.is_empty() || n.contains('/') || n == "." || n == ".." {
                 return Err(format!("step {i}: name `{n}` is not a file name"));
+            }
+            // `{task}` stands for that task's pid at the dump.
+            let mut rest = n.as_str();
+            while let Some(open) = rest.find('{') {
+                let close = rest[open..]
+                    .find('}')
+                    .ok_or_else(|| format!("step {i}: name `{n}`: unclosed `{{`"))?;
+                let task = &rest[open + 1..open + close];
+                if !self.workload.tasks.iter().any(|t| t.name == task) {
+                    return Err(format!("step {i}: name `{n}`: no task `{task}`"));
+                }
+                rest = &rest[open + close + 1..];
             }
         }
         if write {
@@ -623,6 +730,8 @@ pub fn name(a: Action) -> &'static str {
         Action::ReconfigureWorld => "reconfigure-world",
         Action::RemoveImage => "remove-image",
         Action::WriteImage => "write-image",
+        Action::SpecialImage => "special-image",
+        Action::Signal => "signal",
     }
 }
 
