@@ -52,6 +52,12 @@ use crate::workload::{
 /// The longest a faulted step may take before it counts as a hang (and is killed).
 pub const STEP_LIMIT: Duration = Duration::from_secs(20);
 
+/// CRIU's `--timeout` for [`Fault::AlarmHang`]: the dump must fail within it and
+/// [`ALARM_SLACK`], every task running and unlocked.
+const ALARM_TIMEOUT: Duration = Duration::from_secs(2);
+/// See [`ALARM_TIMEOUT`].
+const ALARM_SLACK: Duration = Duration::from_millis(500);
+
 /// When a `hang` fault with a file is released (the file created), from the start of the step:
 /// past the 1 s timeout of every call, within the lock's deadline (timeout plus 2 s grace).
 const HANG_RELEASE: Duration = Duration::from_millis(2200);
@@ -168,7 +174,73 @@ pub enum Fault {
     KillTarget,
     /// `cuda-checkpoint` prints garbage and exits 0.
     Garbage,
+    /// Another tool locks the target just before the call (the mock's `foreign-lock`).
+    ForeignLock,
+    /// The call hangs, and CRIU's freeze alarm (`--timeout 2`, the plugin's own timeout 10 s)
+    /// is what bounds it.
+    AlarmHang,
+    /// Another plugin's DUMP_FINISH fails (-5) after ours reported success ([`LATE_CALLS`]).
+    PluginFails,
+    /// The post-dump action script fails ([`LATE_CALLS`]).
+    ScriptFails,
+    /// The task's image is damaged between the dump and the restore ([`IMAGE_CALL`]).
+    Image(ImageDamage),
 }
+
+/// How a per-task image is damaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ImageDamage {
+    /// Gone.
+    Missing,
+    /// Empty.
+    Empty,
+    /// Cut in the middle of its last line.
+    Truncated,
+    /// One byte with its top bit flipped (not text any more).
+    Flipped,
+    /// The image of the other CUDA task, under this task's name.
+    OtherPid,
+    /// A state a dump never records.
+    UnknownState,
+    /// A FIFO nobody writes to.
+    Fifo,
+    /// A symbolic link to `/dev/zero`.
+    DevZero,
+}
+
+impl ImageDamage {
+    /// Every kind.
+    pub const ALL: [ImageDamage; 8] = [
+        ImageDamage::Missing,
+        ImageDamage::Empty,
+        ImageDamage::Truncated,
+        ImageDamage::Flipped,
+        ImageDamage::OtherPid,
+        ImageDamage::UnknownState,
+        ImageDamage::Fifo,
+        ImageDamage::DevZero,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            ImageDamage::Missing => "missing",
+            ImageDamage::Empty => "empty",
+            ImageDamage::Truncated => "truncated",
+            ImageDamage::Flipped => "byte-flipped",
+            ImageDamage::OtherPid => "other pid",
+            ImageDamage::UnknownState => "unknown state",
+            ImageDamage::Fifo => "fifo",
+            ImageDamage::DevZero => "/dev/zero",
+        }
+    }
+}
+
+/// Calls that are not driver calls: another plugin's DUMP_FINISH and the post-dump action
+/// script (faulted with [`Fault::PluginFails`], [`Fault::ScriptFails`]), with each backend.
+pub const LATE_CALLS: &[&str] = &["dump-finish", "cuda-checkpoint+dump-finish"];
+
+/// The per-task image (faulted with [`Fault::Image`]), with each backend.
+pub const IMAGE_CALLS: &[&str] = &["task-image", "cuda-checkpoint+task-image"];
 
 impl Fault {
     /// The table name.
@@ -184,6 +256,11 @@ impl Fault {
             Fault::Crash => "crash".to_owned(),
             Fault::KillTarget => "kill-target".to_owned(),
             Fault::Garbage => "garbage".to_owned(),
+            Fault::ForeignLock => "foreign-lock".to_owned(),
+            Fault::AlarmHang => "hang (freeze alarm 2s)".to_owned(),
+            Fault::PluginFails => "other plugin fails".to_owned(),
+            Fault::ScriptFails => "post-dump script fails".to_owned(),
+            Fault::Image(d) => format!("image {}", d.name()),
         }
     }
 
@@ -202,7 +279,18 @@ impl Fault {
             Fault::Garbage => {
                 "{ kind = \"garbage\", text = \"#@!garbage\\n\", status = 0 }".to_owned()
             }
+            Fault::ForeignLock => "{ kind = \"foreign-lock\" }".to_owned(),
+            Fault::AlarmHang => "{ kind = \"hang\" }".to_owned(),
+            Fault::PluginFails | Fault::ScriptFails | Fault::Image(_) => String::new(),
         }
+    }
+
+    /// Whether the fault is a mock-world fault (installed in the world's config).
+    fn in_world(self) -> bool {
+        !matches!(
+            self,
+            Fault::PluginFails | Fault::ScriptFails | Fault::Image(_)
+        )
     }
 
     /// The word an error caused by this fault must contain (besides step and pid).
@@ -211,12 +299,22 @@ impl Fault {
             Fault::Return(c) => Some(c),
             Fault::ErrorAfter | Fault::Fail => Some("CUDA_ERROR_UNKNOWN"),
             Fault::Delay(_) | Fault::Hang | Fault::HangFile => Some("timed out"),
-            Fault::Crash | Fault::KillTarget | Fault::Garbage => None,
+            Fault::ForeignLock => Some("another tool locked"),
+            Fault::AlarmHang => Some("freezing timeout"),
+            Fault::Image(_) => Some("cuda-plugin-"),
+            Fault::Crash
+            | Fault::KillTarget
+            | Fault::Garbage
+            | Fault::PluginFails
+            | Fault::ScriptFails => None,
         }
     }
 
     fn is_slow(self) -> bool {
-        matches!(self, Fault::Delay(_) | Fault::Hang | Fault::HangFile)
+        matches!(
+            self,
+            Fault::Delay(_) | Fault::Hang | Fault::HangFile | Fault::AlarmHang
+        )
     }
 }
 
@@ -280,12 +378,14 @@ impl Case {
 /// visible in the table (`xfail`) until it is fixed; a case that starts holding its invariants is
 /// an `XPASS` failure, so that the mark is removed.
 #[must_use]
-pub fn known_violation(_case: &Case) -> Option<&'static str> {
-    // None at present. Earlier marks (fixed): GetRestoreThreadId's "no CUDA state" answers on
-    // a CUDA task (the emulated engine now refuses the task's device descriptor as CRIU does),
-    // cuInit hangs (now bounded), and a utility exiting 0 with output after an action (now an
-    // error).
-    None
+pub fn known_violation(case: &Case) -> Option<&'static str> {
+    // Earlier marks (fixed): GetRestoreThreadId's "no CUDA state" answers on a CUDA task (the
+    // emulated engine now refuses the task's device descriptor as CRIU does), cuInit hangs (now
+    // bounded), and a utility exiting 0 with output after an action (now an error).
+    (case.fault == Fault::ScriptFails && case.profile == "4.1").then_some(
+        "CRIU 4.1/4.2 give plugins the dump's result without the post-dump script's, then \
+         resume the tree: no hook learns that the tasks must be put back",
+    )
 }
 
 /// The sweep's cases: `full` adds the slow faults (delays and hangs) everywhere; the default
@@ -409,6 +509,31 @@ pub fn cases(full: bool) -> Vec<Case> {
                 Fault::KillTarget,
             ] {
                 push(call, k, Phase::Restore, t, "4.1");
+            }
+        }
+    }
+    // The holes of the rollback: someone else's lock, CRIU's freeze alarm, a failure after
+    // DUMP_FINISH reported success, and damaged task images at restore.
+    for call in ["cuCheckpointProcessLock", "cuda-checkpoint:lock"] {
+        for t in tasks {
+            for profile in ["pr3076", "4.1"] {
+                push(call, Fault::ForeignLock, Phase::Dump, t, profile);
+                push(call, Fault::AlarmHang, Phase::Dump, t, profile);
+            }
+        }
+    }
+    for &call in LATE_CALLS {
+        push(call, Fault::PluginFails, Phase::Dump, Target::Any, "pr3076");
+        for profile in ["pr3076", "4.1"] {
+            push(call, Fault::ScriptFails, Phase::Dump, Target::Any, profile);
+        }
+    }
+    for &call in IMAGE_CALLS {
+        for t in tasks {
+            for d in ImageDamage::ALL {
+                for profile in ["pr3076", "4.1"] {
+                    push(call, Fault::Image(d), Phase::Restore, t, profile);
+                }
             }
         }
     }
@@ -545,10 +670,39 @@ impl Run<'_> {
         std::fs::create_dir(&bin).map_err(|e| e.to_string())?;
         std::fs::copy(&self.art.plugin, lib.join("cuda_plugin.so"))
             .map_err(|e| format!("copy plugin: {e}"))?;
+        if self.case.fault == Fault::PluginFails {
+            // Loaded after ours: it declines every task and fails its DUMP_FINISH.
+            run_checked(
+                Command::new("cc")
+                    .args(["-shared", "-fPIC", "-O0", "-w", "-DTP_NAME=\"other\""])
+                    .arg(
+                        self.art
+                            .workspace
+                            .join("harness/tests/support/testplugin.c"),
+                    )
+                    .arg("-o")
+                    .arg(lib.join("other.so")),
+                "cc test plugin",
+            )?;
+        }
         std::os::unix::fs::symlink(&self.art.cuda_checkpoint, bin.join("cuda-checkpoint"))
             .map_err(|e| e.to_string())?;
         self.configure("init", &self.world_config(&[]))?;
         self.env = mock_env(&self.world, &bin);
+        if self.case.fault == Fault::PluginFails {
+            for (k, v) in [
+                ("TP_other_pause", "ret=-95"),
+                ("TP_other_checkpoint", "ret=-95"),
+                ("TP_other_resume", "ret=-95"),
+                ("TP_other_dfinish", "ret=-5"),
+            ] {
+                self.env.push((k.to_owned(), v.to_owned()));
+            }
+            self.env.push((
+                "TP_LOG".to_owned(),
+                self.dir.join("tp.log").display().to_string(),
+            ));
+        }
         // cpu (the root) -> t1 (CUDA), t2 (CUDA). The root is a CPU task so
         // that a `kill-target` fault never kills the root of the dumped tree.
         let app = self.art.mock_app.display().to_string();
@@ -581,6 +735,9 @@ impl Run<'_> {
 
     fn faults(&self) -> Vec<(String, Option<i32>, u32, String)> {
         let c = &self.case;
+        if !c.fault.in_world() {
+            return Vec::new();
+        }
         let pid = match c.target {
             Target::Any => None,
             Target::First => Some(self.pids[0]),
@@ -610,13 +767,19 @@ impl Run<'_> {
         let trace = self.dir.join(format!("step{n}.trace"));
         let profile: crate::profile::HostProfile =
             self.case.profile.parse().map_err(|e| format!("{e}"))?;
+        let alarm = self.case.fault == Fault::AlarmHang;
         let options = [
             if self.case.cli() {
                 "cuda_plugin.backend=cuda-checkpoint"
             } else {
                 "cuda_plugin.backend=driver-api"
             },
-            "cuda_plugin.timeout=1",
+            // Under the freeze alarm the plugin's own timeout is long: the alarm must bound it.
+            if alarm {
+                "cuda_plugin.timeout=10"
+            } else {
+                "cuda_plugin.timeout=1"
+            },
         ];
         let mut c = Command::new(&self.art.harness);
         c.arg("--host").arg(self.case.profile).arg(verb);
@@ -631,6 +794,18 @@ impl Run<'_> {
             .arg(&trace);
         if verb == "dump" {
             c.arg("-t").arg(self.pids[2].to_string());
+            if alarm {
+                c.arg("--timeout").arg(ALARM_TIMEOUT.as_secs().to_string());
+            }
+            if self.case.fault == Fault::ScriptFails {
+                let script = self.dir.join("post-dump.sh");
+                std::fs::write(
+                    &script,
+                    "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 3\nexit 0\n",
+                )
+                .map_err(|e| e.to_string())?;
+                c.arg("--action-script").arg(&script);
+            }
         }
         c.env_remove("CRIU_LIBS_DIR")
             .env_remove("CRIU_FAULT")
@@ -715,6 +890,9 @@ impl Run<'_> {
     }
 
     fn fired(&self) -> bool {
+        if !self.case.fault.in_world() {
+            return true;
+        }
         let Ok(text) = std::fs::read_to_string(self.world.join("state.json")) else {
             return false;
         };
@@ -951,6 +1129,9 @@ impl Run<'_> {
             "dump"
         };
         let n = usize::from(c.phase == Phase::Restore);
+        if let Fault::Image(d) = c.fault {
+            self.damage_image(d)?;
+        }
         self.configure("configure", &self.world_config(&self.faults()))?;
         let s = self.step(verb, n, c.fault == Fault::HangFile)?;
         let fired = self.fired();
@@ -970,10 +1151,42 @@ impl Run<'_> {
         if !fired {
             outcome.push_str(" (not reached)");
         }
-        let _ = s.took;
+        if c.fault == Fault::AlarmHang {
+            if s.took > ALARM_TIMEOUT + ALARM_SLACK {
+                self.violations.push(format!(
+                    "the dump took {:.2} s, more than CRIU's --timeout {} s and {} ms",
+                    s.took.as_secs_f64(),
+                    ALARM_TIMEOUT.as_secs(),
+                    ALARM_SLACK.as_millis()
+                ));
+            }
+            if s.log.contains("FATAL") {
+                self.violations
+                    .push("CRIU's freeze alarm reached its FATAL path".to_owned());
+            }
+        }
+        // The foreign lock is someone else's: it must be left in place, then undone here.
+        let foreign = match (c.fault, c.target) {
+            (Fault::ForeignLock, Target::First) => Some(self.pids[0]),
+            (Fault::ForeignLock, Target::Second) => Some(self.pids[1]),
+            _ => None,
+        };
+        let mut skip = skip;
+        if let Some(p) = foreign.filter(|_| fired) {
+            if states.get(&p).map(String::as_str) != Some("locked") {
+                self.violations.push(format!(
+                    "another tool's lock of {} was not left alone ({})",
+                    self.name(p),
+                    states.get(&p).map_or("?", String::as_str)
+                ));
+            }
+            skip.push(p);
+        }
         match (verb, s.ok) {
             ("dump", false) => {
-                self.check_error_named(&s, fired);
+                if c.fault.in_world() {
+                    self.check_error_named(&s, fired);
+                }
                 // Tasks the rollback reports it could not put back.
                 let reported: Vec<i32> = self
                     .pids
@@ -1068,11 +1281,73 @@ impl Run<'_> {
                 }
             }
         }
+        if let Some(p) = foreign.filter(|&p| fired && self.alive(p)) {
+            // Undo the other tool's lock, then its data must be intact.
+            self.configure("configure", &self.world_config(&[]))?;
+            run_checked(
+                Command::new(&self.art.cuda_checkpoint)
+                    .args(["--action", "unlock", "--pid", &p.to_string()])
+                    .envs(self.env.iter().map(|(k, v)| (k, v))),
+                "cuda-checkpoint --action unlock",
+            )?;
+            let i = self.pids.iter().position(|&q| q == p).unwrap_or(0);
+            for (_, verdict) in self.verify_data(&[(i, p)]) {
+                if !verdict.starts_with("PASS") {
+                    self.violations.push(format!(
+                        "{} data check after the other tool's unlock: {verdict}",
+                        TASKS[i]
+                    ));
+                }
+            }
+        }
         self.check_leftovers();
         if !self.violations.is_empty() {
             let _ = writeln!(self.detail, "--- {verb} log\n{}", s.log);
         }
         Ok((outcome, fired))
+    }
+
+    /// Damages the image of the target task after a fault-free dump.
+    fn damage_image(&self, d: ImageDamage) -> Result<(), String> {
+        let (me, other) = match self.case.target {
+            Target::Second => (self.pids[1], self.pids[0]),
+            _ => (self.pids[0], self.pids[1]),
+        };
+        let img = self.dir.join("img");
+        let path = img.join(format!("cuda-plugin-{me}.img"));
+        let good = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = String::from_utf8_lossy(&good).into_owned();
+        std::fs::remove_file(&path).map_err(|e| e.to_string())?;
+        let write = |b: &[u8]| std::fs::write(&path, b).map_err(|e| e.to_string());
+        match d {
+            ImageDamage::Missing => Ok(()),
+            ImageDamage::Empty => write(b""),
+            ImageDamage::Truncated => write(&good[..good.len().saturating_sub(4)]),
+            ImageDamage::Flipped => {
+                let mut b = good.clone();
+                b[3] ^= 0x80;
+                write(&b)
+            }
+            ImageDamage::OtherPid => {
+                let o = std::fs::read(img.join(format!("cuda-plugin-{other}.img")))
+                    .map_err(|e| e.to_string())?;
+                write(&o)
+            }
+            ImageDamage::UnknownState => {
+                let line = text
+                    .lines()
+                    .find(|l| l.starts_with("initial_state "))
+                    .unwrap_or("initial_state running");
+                write(text.replace(line, "initial_state 77").as_bytes())
+            }
+            ImageDamage::Fifo => {
+                nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                    .map_err(|e| e.to_string())
+            }
+            ImageDamage::DevZero => {
+                std::os::unix::fs::symlink("/dev/zero", &path).map_err(|e| e.to_string())
+            }
+        }
     }
 
     fn cleanup(&mut self) {
@@ -1082,9 +1357,9 @@ impl Run<'_> {
     }
 }
 
-/// Runs `cases`, `jobs` at a time; `progress` is called with each result as it completes. A case
-/// that fails its invariants is run a second time, and the second result kept when it holds them
-/// (reported on stderr as flaky). Returns the results in case order.
+/// Runs `cases`, `jobs` at a time; `progress` is called with each result as it completes. Every
+/// case runs once: a case that fails its invariants fails the sweep. Returns the results in case
+/// order.
 pub fn run_all(
     cases: &[Case],
     art: &Artifacts,
@@ -1102,21 +1377,7 @@ pub fn run_all(
             sc.spawn(move || loop {
                 let next = queue.lock().map(|mut q| q.pop()).ok().flatten();
                 let Some((i, c)) = next else { break };
-                let mut r = run_case(&c, art);
-                if is_failure(&r) {
-                    // Once more: a 1 s timeout can expire spuriously on a loaded machine. A
-                    // violation that repeats is kept; one that does not is reported as flaky.
-                    let again = run_case(&c, art);
-                    if !is_failure(&again) {
-                        eprintln!(
-                            "flaky: {} ({}) passed on the second try\n{}",
-                            c.repro(),
-                            check_text(&r),
-                            r.detail
-                        );
-                        r = again;
-                    }
-                }
+                let r = run_case(&c, art);
                 progress(&r);
                 if let Ok(mut v) = results.lock() {
                     v.push((i, r));
