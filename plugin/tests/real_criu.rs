@@ -10,6 +10,7 @@
 //! | `checkpoint-hang` | the 2nd CUDA task's checkpoint never returns (`timeout=1`): the dump fails, the call is abandoned (driver API) or the utility killed, and every task is still put back running |
 //! | `leave-running` | `--leave-running`: the tree keeps running unlocked; a second (normal) dump of it restores |
 //! | `exec-counts-nN` | N CUDA tasks dump and restore; the `cuda-checkpoint` runs (from the world's trace) are at most 4N+1 per dump and 2N+1 per restore; per-task hook times are printed |
+//! | the cases of [`holes`] | the rollback holes: CRIU's freeze alarm, someone else's lock, failed restores, bad task images, long messages, the utility's output pipe and life, `CUDA_VISIBLE_DEVICES` |
 //!
 //! Every case ends by checking that nothing but its tree is left running (no `cuda-checkpoint`,
 //! no CRIU), killing the tree, and checking that no process of its world remains. The trials run
@@ -24,6 +25,8 @@
 //!
 //! Run: `cargo test -p cuda-plugin --test real_criu [-- FILTER]`, e.g. `-- criu-4.2/driver-api/`.
 
+#[path = "real_criu/holes.rs"]
+mod holes;
 mod support;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -93,6 +96,8 @@ struct Case {
     restores: Vec<f64>,
     /// Run CRIU with `CRIU_CUDA_FORCE_ENABLE=1` (there is no NVIDIA GPU here).
     force_enable: bool,
+    /// Extra environment of CRIU (after the case's own).
+    extra_env: Vec<(String, String)>,
 }
 
 impl Case {
@@ -148,6 +153,7 @@ impl Case {
             dumps: Vec::new(),
             restores: Vec::new(),
             force_enable: true,
+            extra_env: Vec::new(),
         })
     }
 
@@ -218,8 +224,8 @@ impl Case {
         Ok(())
     }
 
-    /// Runs CRIU with `args` and the case's environment; the log goes to `<dir>/<log>`.
-    fn criu(&self, args: &[&str], log: &str) -> R<CriuRun> {
+    /// Starts CRIU with `args` and the case's environment; the log goes to `<dir>/<log>`.
+    fn criu_spawn(&self, args: &[&str], log: &str) -> R<std::process::Child> {
         let log_path = self.path.join(log);
         let out = std::fs::File::create(self.path.join(format!("{log}.out")))
             .map_err(|e| e.to_string())?;
@@ -245,10 +251,16 @@ impl Case {
         new_path.push(path);
         cmd.env("PATH", new_path);
         self.env(&mut cmd);
+        cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
+        cmd.spawn()
+            .map_err(|e| format!("starting {}: {e}", self.criu.path.display()))
+    }
+
+    /// Runs CRIU with `args` and the case's environment; the log goes to `<dir>/<log>`.
+    fn criu(&self, args: &[&str], log: &str) -> R<CriuRun> {
+        let log_path = self.path.join(log);
         let t = Instant::now();
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", self.criu.path.display()))?;
+        let mut child = self.criu_spawn(args, log)?;
         let deadline = t + Duration::from_secs(120);
         let status = loop {
             match child.try_wait() {
@@ -677,7 +689,7 @@ fn dump_fails(c: &mut Case, f: Failure) -> R {
         Failure::Lock | Failure::Timeout => "PAUSE_DEVICES",
         Failure::Checkpoint | Failure::CheckpointHang => "CHECKPOINT_DEVICES",
     };
-    let failed_line = format!("cuda_plugin: {hook} pid {second}:");
+    let failed_line = format!("cuda_plugin: Error: {hook} pid {second}:");
     ensure!(
         d.log
             .lines()
@@ -882,6 +894,22 @@ fn trials(criu_list: &[Criu]) -> Vec<Trial> {
                 let cr = criu.clone();
                 out.push(Trial::test(name(case), move || {
                     run_case(cr, backend, case.into(), String::new(), "", body)
+                }));
+            }
+            for (case, body, backends) in holes::cases() {
+                if !backends.contains(&backend) {
+                    continue;
+                }
+                let cr = criu.clone();
+                out.push(Trial::test(name(case), move || {
+                    run_case(
+                        cr,
+                        backend,
+                        case.into(),
+                        holes::faults(case, backend),
+                        holes::options(case),
+                        body,
+                    )
                 }));
             }
             if backend == "driver-api" {
