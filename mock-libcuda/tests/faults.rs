@@ -67,14 +67,16 @@ fn assert_traced(w: &TestWorld, line: &str) {
 
 const CHILD_ENV: &str = "MOCK_FAULTS_CHILD_CALL";
 
-/// Not a test of its own: the body of the child process of the tests below (a no-op unless
-/// `MOCK_FAULTS_CHILD_CALL` is set). `<call>:<pid>` with `<call>` one of `lock`, `get-state`,
-/// `init`; prints `CHILD-RESULT <CUresult>`.
+/// Not a test of its own (hence ignored): the body of the child process of the tests below,
+/// which start this binary with `--ignored --exact child_process_entry` and
+/// `MOCK_FAULTS_CHILD_CALL=<call>:<pid>`, `<call>` one of `lock`, `get-state`, `init`. Prints
+/// `CHILD-RESULT <CUresult>`.
 #[test]
+#[ignore = "the child process of the tests of this file; they start it"]
 fn child_process_entry() {
-    let Ok(call) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+    let call = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
+        panic!("{CHILD_ENV} is not set: child_process_entry is started by this file's tests")
+    });
     let (op, pid) = call.split_once(':').unwrap_or((call.as_str(), "0"));
     let pid: i32 = pid.parse().unwrap();
     let r = match op {
@@ -91,6 +93,7 @@ fn child_process_entry() {
 fn child(w: &TestWorld, call: &str) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
+        "--ignored",
         "--exact",
         "child_process_entry",
         "--nocapture",

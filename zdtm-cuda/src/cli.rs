@@ -124,7 +124,8 @@ pub struct RunArgs {
     /// Buffer size for the workloads in MiB (ZDTM_CUDA_MIB; default per workload).
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
     pub mib: Option<u64>,
-    /// Seconds allowed for each wait (READY, the dumped task vanishing, the verdict).
+    /// Seconds allowed for each wait (READY, the dumped task vanishing, the verdict) and for
+    /// each CRIU run (killed past it).
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub timeout: u64,
     /// How plugin options reach CRIU.

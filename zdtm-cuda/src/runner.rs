@@ -79,7 +79,7 @@ pub struct RunConfig {
     pub cli_options: bool,
     /// `ZDTM_CUDA_MIB` for the workloads.
     pub mib: Option<u64>,
-    /// Limit of each wait (READY, a task vanishing, the verdict).
+    /// Limit of each wait (READY, a task vanishing, the verdict) and of each CRIU run.
     pub timeout: Duration,
     /// Extra environment for the workloads (e.g. `LD_LIBRARY_PATH` for cuBLAS).
     pub env: Vec<(OsString, OsString)>,
@@ -253,7 +253,11 @@ fn kill_and_reap(pid: i32) {
 pub fn criu_errors(log: &str, max: usize) -> Vec<String> {
     let v: Vec<String> = log
         .lines()
-        .filter(|l| l.contains("Error (") || l.contains("cuda_plugin: ") && l.contains("failed"))
+        .filter(|l| {
+            l.contains("Error (")
+                || l.contains("cuda_plugin: Error")
+                || l.contains("cuda_plugin: ") && l.contains("failed")
+        })
         // Harmless in every sandbox without CAP_SYS_RESOURCE.
         .filter(|l| !l.contains("RLIMIT_NOFILE"))
         .map(|l| l.trim().to_owned())
@@ -293,9 +297,11 @@ impl Ctx<'_> {
         self.result
     }
 
+    /// Runs CRIU, killing it (and reporting `TimedOut`) when it runs over the configured
+    /// timeout: a hung CRIU must not hang the runner.
     fn criu(&self, args: &[OsString], restore: bool) -> std::io::Result<(bool, Duration)> {
         let t = Instant::now();
-        let o = Command::new(&self.cfg.criu)
+        let mut child = Command::new(&self.cfg.criu)
             .args(args)
             .env(
                 "CRIU_PLUGIN_OPTIONS",
@@ -304,8 +310,24 @@ impl Ctx<'_> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .status()?;
-        Ok((o.success(), t.elapsed()))
+            .spawn()?;
+        loop {
+            if let Some(st) = child.try_wait()? {
+                return Ok((st.success(), t.elapsed()));
+            }
+            if t.elapsed() > self.cfg.timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "criu ran over {} s (--timeout) and was killed",
+                        self.cfg.timeout.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn log(&self, name: &str) -> String {

@@ -1,8 +1,9 @@
 //! The runner's CRIU choreography against real CRIU (4.x from target/criu, as fetched by
 //! scripts/fetch-criu.sh) with a CPU-only stand-in workload that speaks the zdtm-cuda protocol:
 //! dump, reap, restore (re-parented to the subreaper runner), SIGUSR1, verdict; repeated cycles;
-//! --leave-running; a failing verdict. No plugin and no GPU are involved. Skips with the reason
-//! when not root or no CRIU 4.x is present.
+//! --leave-running; a failing verdict. No plugin and no GPU are involved. Reported as ignored,
+//! with the reason, when not root or no CRIU 4.x is present, and failed instead when
+//! `CRIU_CUDA_REQUIRE_CRIU=1` (as CI sets it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -79,19 +80,31 @@ const FAKE_WORKLOAD: Workload = Workload {
     needs_cublas: false,
 };
 
-#[test]
-fn runner_drives_real_criu() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP: not root (CRIU needs root)");
-        return;
-    }
-    let criu = match criu() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("SKIP: {e}");
-            return;
-        }
+fn main() {
+    let args = libtest_mimic::Arguments::from_args();
+    let require = std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1");
+    let missing = if nix::unistd::geteuid().is_root() {
+        criu().err()
+    } else {
+        Some("not root (CRIU needs root)".to_owned())
     };
+    let trial = match missing {
+        None => libtest_mimic::Trial::test("runner_drives_real_criu", || {
+            let criu = criu().map_err(libtest_mimic::Failed::from)?;
+            runner_drives_real_criu(criu);
+            Ok(())
+        }),
+        Some(why) if require => libtest_mimic::Trial::test("runner_drives_real_criu", move || {
+            Err(format!("{why}, and CRIU_CUDA_REQUIRE_CRIU=1").into())
+        }),
+        Some(why) => libtest_mimic::Trial::ignorable_test("runner_drives_real_criu", move || {
+            Ok(libtest_mimic::Completion::ignored_with(why))
+        }),
+    };
+    libtest_mimic::run(&args, vec![trial]).exit();
+}
+
+fn runner_drives_real_criu(criu: PathBuf) {
     runner::become_subreaper().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bin_dir = build_fake(dir.path());
