@@ -21,14 +21,15 @@
 #   2. `cargo zigbuild --locked --profile dist -p cuda-plugin --lib --target
 #      <arch>-unknown-linux-gnu.2.17`: Cargo.toml's `dist` profile (release with fat LTO, one
 #      codegen unit, full debug info, panic=unwind) linked by Zig against glibc 2.17's symbol
-#      versions, with a GNU build-id, and the build's paths remapped (/criu-cuda, /cargo) so the
-#      artifacts do not depend on where the checkout is.
+#      versions, with a GNU build-id, and the Rust code's paths remapped (/criu-cuda, /cargo).
 #      Why 2.17: it is the oldest glibc the Rust standard library supports on Linux, and the
 #      first glibc release for aarch64; the plugin itself needs nothing newer.
 #   3. objcopy (binutils; binutils-aarch64-linux-gnu's aarch64-linux-gnu-objcopy for aarch64)
 #      splits the debug info off and strips the .so.
 #   4. tar with sorted names, owner root and every mtime at SOURCE_DATE_EPOCH, gzip -n: the same
-#      commit and toolchain give the same bytes.
+#      commit, tools and checkout directory give the same bytes. (Another directory gives the
+#      same code but another build-id: the debug info of the unwinder Zig builds in records
+#      the directory the build ran in.)
 #   5. scripts/check-dist.sh checks each tarball (glibc floor, size, architecture, symbols).
 #
 # Usage: scripts/dist.sh [--arch x86_64|aarch64]... [--print-version] [-h|--help]
