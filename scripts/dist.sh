@@ -10,6 +10,8 @@
 #       LICENSE               Apache-2.0
 #       SHA256SUMS            of the four files above
 #   target/dist/SHA256SUMS    of the tarballs built by this run
+# (target/dist/ is also where cargo puts the dist profile's host artifacts, build scripts and
+# proc-macros, in build/ and deps/: the tarballs sit beside them.)
 #
 # <version> is the crate version (Cargo.toml), which the plugin also reports; a release is the
 # git tag v<version> (.github/workflows/release.yml runs this script on such a tag).
