@@ -9,7 +9,7 @@
 #       INSTALL               where the files go, how to check that CRIU loaded the plugin
 #       LICENSE               Apache-2.0
 #       SHA256SUMS            of the four files above
-#   target/dist/SHA256SUMS    of the tarballs built by this run
+#   target/dist/SHA256SUMS    of this version's tarballs in target/dist
 # (target/dist/ is also where cargo puts the dist profile's host artifacts, build scripts and
 # proc-macros, in build/ and deps/: the tarballs sit beside them.)
 #
@@ -124,13 +124,13 @@ objcopy_for() {
     printf '%s' "$tool"
 }
 
-installed_targets=$(rustup target list --installed 2>/dev/null || true)
+sysroot=$(rustc --print sysroot) || die "rustc --print sysroot failed"
 for arch in "${arches[@]}"; do
     triple=$arch-unknown-linux-gnu
     objcopy_for "$arch" >/dev/null
-    if ! grep -qx "$triple" <<<"$installed_targets"; then
+    if [ ! -d "$sysroot/lib/rustlib/$triple/lib" ]; then
         command -v rustup >/dev/null 2>&1 ||
-            die "no Rust standard library for $triple, and no rustup to add it"
+            die "no Rust standard library for $triple in $sysroot, and no rustup to add it"
         say "adding the Rust standard library for $triple (rustup target add)"
         rustup target add "$triple" ||
             die "'rustup target add $triple' failed: the $arch plugin needs the standard library of that target"
@@ -184,7 +184,9 @@ for arch in "${arches[@]}"; do
     say "wrote $tarball ($(stat -c %s "$tarball") bytes)"
 done
 
-(cd "$out" && for t in "${tarballs[@]}"; do sha256sum "$(basename "$t")"; done) >"$out/SHA256SUMS"
+(cd "$out" && sha256sum "criu-cuda-plugin-$version-"*-linux-gnu.tar.gz) >"$out/SHA256SUMS.tmp" ||
+    die "sha256sum of the tarballs in $out failed"
+mv -f "$out/SHA256SUMS.tmp" "$out/SHA256SUMS"
 
 bash "$repo/scripts/check-dist.sh" "${tarballs[@]}"
 say "done: ${tarballs[*]} (checksums in $out/SHA256SUMS)"
