@@ -177,49 +177,20 @@ fi
 
 # --------------------------------------------------------------- private apt
 
-command -v apt-get >/dev/null 2>&1 || die "apt-get not found: this script needs a Debian-like host"
-command -v dpkg-deb >/dev/null 2>&1 || die "dpkg-deb not found: this script needs a Debian-like host"
+# shellcheck source=scripts/lib/private-apt.sh
+. "$repo/scripts/lib/private-apt.sh"
 [ -r "$keyring" ] || die "Debian archive keyring $keyring not found; install it with 'apt-get install debian-archive-keyring' (or set CRIU_CUDA_DEBIAN_KEYRING)"
 
 apt_dir=$out/apt
-mkdir -p "$apt_dir/etc/sources.list.d" "$apt_dir/etc/preferences.d" \
-    "$apt_dir/state/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
-: >"$apt_dir/state/status"
-{
-    echo "# Written by scripts/fetch-criu.sh; used only through its private apt options."
-    for s in $all_suites; do
-        echo "deb [arch=amd64 signed-by=$keyring target=Packages] $mirror $s main"
-    done
-} >"$apt_dir/etc/sources.list"
-
-apt_opts=(
-    -o "Dir::Etc::SourceList=$apt_dir/etc/sources.list"
-    -o "Dir::Etc::SourceParts=$apt_dir/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=$apt_dir/etc/preferences"
-    -o "Dir::Etc::PreferencesParts=$apt_dir/etc/preferences.d"
-    -o "Dir::State=$apt_dir/state"
-    -o "Dir::State::status=$apt_dir/state/status"
-    -o "Dir::Cache=$apt_dir/cache"
-    -o "APT::Architecture=amd64"
-    -o "APT::Architectures=amd64"
-    -o "Acquire::Languages=none"
-    -o "Acquire::Retries=3"
-    -q
-)
-if [ "$(id -u)" = 0 ]; then
-    # The files land in directories that the _apt user cannot write.
-    apt_opts+=(-o "APT::Sandbox::User=root")
-fi
-export DEBIAN_FRONTEND=noninteractive
+sources=()
+for s in $all_suites; do
+    sources+=("deb [arch=amd64 signed-by=$keyring target=Packages] $mirror $s main")
+done
+private_apt_setup "$apt_dir" amd64 "${sources[@]}"
+apt_opts=("${PRIVATE_APT_OPTS[@]}")
 
 say "updating the private package lists ($all_suites from $mirror) under $apt_dir"
-if ! apt-get "${apt_opts[@]}" update >"$apt_dir/update.log" 2>&1; then
-    cat "$apt_dir/update.log" >&2
-    die "apt-get update with the private configuration failed (log above, also in $apt_dir/update.log)"
-fi
-if grep -E '^(W|E): ' "$apt_dir/update.log" >&2; then
-    die "apt-get update reported problems (see above); refusing to continue with possibly stale or unverified lists"
-fi
+private_apt_update "$apt_dir"
 
 # upstream_version DEBVERSION: "1:4.1.1-1" -> "4.1.1"
 upstream_version() {
@@ -232,7 +203,7 @@ upstream_version() {
 fetch_series() {
     local series=$1
     shift
-    local suite="" s cand debver ver sim pkgs debs stage dest loader libpath m f
+    local suite="" s cand debver ver pkgs stage dest loader libpath m f
 
     for s in "$@"; do
         cand=$(apt-cache "${apt_opts[@]}" madison criu 2>/dev/null |
@@ -248,35 +219,10 @@ fetch_series() {
     ver=$(upstream_version "$debver")
     say "CRIU $series.x: using criu $debver from $suite"
 
-    # The dependency closure of criu in that suite, from a simulated install
-    # against an empty dpkg status (so every library comes from that suite and
-    # the result does not depend on what the host has installed).
-    if ! sim=$(apt-get "${apt_opts[@]}" -s -t "$suite" --no-install-recommends install "criu=$debver" 2>&1); then
-        printf '%s\n' "$sim" >&2
-        die "could not resolve criu $debver and its dependencies in $suite"
-    fi
-    pkgs=$(printf '%s\n' "$sim" | awk '/^Inst /{v=$3; gsub(/[()]/, "", v); print $2 "=" v}')
-    [ -n "$pkgs" ] || {
-        printf '%s\n' "$sim" >&2
-        die "apt resolved no packages for criu $debver in $suite"
-    }
-    say "CRIU $ver: packages: $(printf '%s\n' "$pkgs" | tr '\n' ' ')"
-
-    debs=$apt_dir/debs/$suite
-    rm -rf "$debs"
-    mkdir -p "$debs"
-    # shellcheck disable=SC2086 # one word per package
-    if ! (cd "$debs" && apt-get "${apt_opts[@]}" download $pkgs) >"$debs.log" 2>&1; then
-        cat "$debs.log" >&2
-        die "apt-get download failed for criu $debver ($suite)"
-    fi
-    [ "$(find "$debs" -name '*.deb' | wc -l)" = "$(printf '%s\n' "$pkgs" | wc -l)" ] ||
-        die "apt-get download did not produce one .deb per package in $debs"
-
     stage=$(mktemp -d "$out/.stage-$ver.XXXXXX")
-    for f in "$debs"/*.deb; do
-        dpkg-deb -x "$f" "$stage" || die "dpkg-deb -x $f failed"
-    done
+    private_apt_unpack "$apt_dir" "$suite" "$stage" "criu=$debver"
+    pkgs=$PRIVATE_APT_PACKAGES
+    say "CRIU $ver: packages: $(printf '%s\n' "$pkgs" | tr '\n' ' ')"
     [ -x "$stage/usr/sbin/criu" ] || die "criu $debver has no usr/sbin/criu"
 
     # Since trixie glibc lives under usr/lib (merged /usr); older layouts used lib/.

@@ -9,6 +9,9 @@
 #   CRIU_CUDA_REQUIRE_CRIU=1   a failed fetch is fatal (CI sets this); otherwise it is
 #                              a warning and tests that need real CRIU skip themselves.
 #                              Passed through to the tests unchanged.
+#   CRIU_CUDA_REQUIRE_DIST=1   the docs check fails, instead of skipping, the README's
+#                              release-tarball block when scripts/dist.sh has not built
+#                              this version's tarballs (CI sets this). Passed through.
 #   extra arguments            passed to both `cargo test` runs (e.g. -- --nocapture)
 #
 # Environment exported to the tests (only where not already set, and only for

@@ -195,7 +195,7 @@ pub const fn ctl_size_for_hooks(hooks: u32) -> usize {
 /// the size is not a whole number of list heads or names no hook at all.
 #[must_use]
 pub const fn host_hook_count_from_ctl_size(size: usize) -> Option<u32> {
-    if size < 32 || size % 16 != 0 {
+    if size < 32 || !size.is_multiple_of(16) {
         return None;
     }
     let n = size / 16 - 1;

@@ -75,7 +75,7 @@ impl GpuUuid {
                     })
                 }
             };
-            bytes[nibbles / 2] |= if nibbles % 2 == 0 { v << 4 } else { v };
+            bytes[nibbles / 2] |= if nibbles.is_multiple_of(2) { v << 4 } else { v };
             nibbles += 1;
         }
         debug_assert_eq!(nibbles, 32);

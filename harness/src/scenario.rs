@@ -370,7 +370,7 @@ pub fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
             other => Err(format!("{:?} is not a hex digit", char::from(other))),
         })
         .collect::<Result<_, _>>()?;
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(format!("odd number of hex digits ({})", digits.len()));
     }
     Ok(digits.chunks(2).map(|p| (p[0] << 4) | p[1]).collect())

@@ -16,6 +16,7 @@
 //! | `<!-- docs-check: run released -->` | run twice, with `criu` = Debian's CRIU 4.1.x, then 4.2.x (the real binaries); the prelude provides a mock CUDA tree `$PID` (below) |
 //! | `<!-- docs-check: run upstream -->` | run once, with `criu` = the harness's `upstream` engine (which has `--plugin-option`); same prelude |
 //! | `… run released installed -->`, `… run upstream installed -->` | as above, and the prelude installs the built plugin as `/usr/lib/criu/cuda_plugin.so` first (for blocks that say "installed as above") |
+//! | `… run released dist -->`, `… run upstream dist -->` | as above, but run in an empty directory holding this version's release tarballs (`target/dist/criu-cuda-plugin-<version>-*.tar.gz`, from `scripts/dist.sh`), as from the directory a release was downloaded to; afterwards `/usr/lib/criu/cuda_plugin.so` must be the `cuda_plugin.so` of a tarball (by the SHA256SUMS the block unpacked) |
 //! | `<!-- docs-check: run mock-world -->` | run with no prelude (the block builds and starts what it needs); afterwards every process it left must be a `mock-cuda-app` that runs free, is RUNNING in its world, passes its data check (its stdout must be a file), and the world's trace must hold one successful `cuda-checkpoint` run per `cuda-checkpoint` command of the block |
 //! | `<!-- docs-check: run fetched-criu -->` | run with no prelude, for blocks that run a CRIU of `target/criu` themselves (needs `scripts/fetch-criu.sh`); afterwards what the block left must run free, no CRIU may be left, no CRIU log under `/tmp` may say `FAILED`, and a log must say that the dump and the restore finished successfully |
 //! | `<!-- docs-check: ci -->` | not run: every command line of the block (comments dropped) must be a line of `.ci/run`, optionally after `NAME=value` assignments |
@@ -57,7 +58,9 @@
 //! (found as the other real-CRIU tests find them: `CRIU_CUDA_CRIU_4_1`/`_4_2`, else
 //! `target/criu/versions`), `fetched-criu` blocks `target/criu/versions`. Otherwise the block
 //! prints a `SKIP` line and is reported as ignored, unless `CRIU_CUDA_REQUIRE_CRIU=1`, which
-//! turns a skip into a failure.
+//! turns a skip into a failure. `dist` blocks also need the release tarballs of this version
+//! (run `scripts/dist.sh` first); without them they skip, or fail with
+//! `CRIU_CUDA_REQUIRE_DIST=1`.
 //!
 //! Run: `cargo test -p harness --test docs [-- FILTER]`, e.g. `-- README.md:`.
 //! `DOCS_CHECK_KEEP=1` keeps every block's directory. A block that runs longer than 120 s (900 s
@@ -128,7 +131,11 @@ impl Profile {
 /// What a marker asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Check {
-    Run { profile: Profile, installed: bool },
+    Run {
+        profile: Profile,
+        installed: bool,
+        dist: bool,
+    },
     Ci,
     Manual(String),
 }
@@ -182,18 +189,23 @@ fn parse_marker(s: &str) -> R<Check> {
                 ))
                 }
             };
-            let installed = match rest {
-                [] => false,
-                ["installed"] if profile.cuda_tree() => true,
+            let (installed, dist) = match rest {
+                [] => (false, false),
+                ["installed"] if profile.cuda_tree() => (true, false),
+                ["dist"] if profile.cuda_tree() => (false, true),
                 _ => {
                     return Err(format!(
-                    "unexpected `{}` after `run {}` (only `installed`, for released and upstream)",
+                    "unexpected `{}` after `run {}` (only `installed` or `dist`, for released and upstream)",
                     rest.join(" "),
                     profile.name()
                 ))
                 }
             };
-            Ok(Check::Run { profile, installed })
+            Ok(Check::Run {
+                profile,
+                installed,
+                dist,
+            })
         }
         ["run"] => {
             Err("`run` needs a profile: released, upstream, mock-world, fetched-criu".into())
@@ -873,11 +885,17 @@ if [ "$DOCS_CUDA_TREE" = 1 ]; then
     done
     grep -q '^READY ' "$W/report" || { echo "docs-check: the mock CUDA tree did not start" >&2; exit 1; }
 fi
-cd "$DOCS_REPO"
+if [ "$DOCS_DIST" = 1 ]; then
+    # As from the directory the release tarballs were downloaded to.
+    cd "$W/download"
+else
+    cd "$DOCS_REPO"
+fi
 set +e
 bash -euo pipefail "$W/block.sh" </dev/null >"$W/stdout" 2>"$W/stderr"
 rc=$?
 set -e
+(cd /usr/lib/criu && sha256sum -- *.so) >"$W/plugins.sha256" 2>/dev/null || true
 mkdir -p "$W/logs"
 (cd /tmp && find . -path "./${DOCS_REPO#/tmp/}" -prune -o -name '*.log' -type f \
     -exec cp --parents {} "$W/logs/" \;) || true
@@ -890,6 +908,8 @@ struct BlockRun<'a> {
     block: &'a Block,
     profile: Profile,
     installed: bool,
+    /// `dist`: the release tarballs the block's directory gets (empty otherwise).
+    tarballs: Vec<PathBuf>,
     /// The `criu` the prelude puts in `PATH` (a real CRIU), or None for the harness.
     criu: Option<PathBuf>,
     label: String,
@@ -913,6 +933,7 @@ impl<'a> BlockRun<'a> {
         block: &'a Block,
         profile: Profile,
         installed: bool,
+        tarballs: Vec<PathBuf>,
         criu: Option<PathBuf>,
         label: String,
     ) -> R<Self> {
@@ -937,6 +958,7 @@ impl<'a> BlockRun<'a> {
             block,
             profile,
             installed,
+            tarballs,
             criu,
             label,
             dir: Some(dir),
@@ -958,6 +980,15 @@ impl<'a> BlockRun<'a> {
     fn prepare(&mut self) -> R {
         self.write("block.sh", &self.block.text)?;
         self.write("wrapper.sh", WRAPPER)?;
+        if !self.tarballs.is_empty() {
+            let download = self.file("download");
+            std::fs::create_dir_all(&download).map_err(|e| e.to_string())?;
+            for t in &self.tarballs {
+                let name = t.file_name().ok_or("a tarball path without a name")?;
+                std::fs::copy(t, download.join(name))
+                    .map_err(|e| format!("copying {}: {e}", t.display()))?;
+            }
+        }
         if self.profile.cuda_tree() {
             self.write("world.toml", WORLD_TOML)?;
             let bin = self.file("bin");
@@ -1017,6 +1048,10 @@ impl<'a> BlockRun<'a> {
                 if self.profile.cuda_tree() { "1" } else { "0" },
             )
             .env("DOCS_INSTALLED", if self.installed { "1" } else { "0" })
+            .env(
+                "DOCS_DIST",
+                if self.tarballs.is_empty() { "0" } else { "1" },
+            )
             .env("DOCS_MOCK_WORLD", s.inside(&s.art.mock_world)?)
             .env("DOCS_MOCK_LIB", s.inside(&s.art.mock_lib)?)
             .env("DOCS_MOCK_APP", s.inside(&s.art.mock_app)?)
@@ -1627,16 +1662,68 @@ fn check_fetched_criu(run: &BlockRun<'_>) -> R<String> {
 // ---------------------------------------------------------------------------------------------
 // The trials
 
-fn require() -> bool {
-    std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1")
-}
-
-fn skip(name: &str, reason: String) -> Result<Completion, Failed> {
-    if require() {
-        return Err(format!("{reason}, and CRIU_CUDA_REQUIRE_CRIU=1").into());
+/// A skip, or a failure when the environment variable `require` is `1`.
+fn skip_unless(name: &str, reason: String, require: &str) -> Result<Completion, Failed> {
+    if std::env::var(require).is_ok_and(|v| v == "1") {
+        return Err(format!("{reason}, and {require}=1").into());
     }
     println!("SKIP {name}: {reason}");
     Ok(Completion::ignored_with(reason))
+}
+
+fn skip(name: &str, reason: String) -> Result<Completion, Failed> {
+    skip_unless(name, reason, "CRIU_CUDA_REQUIRE_CRIU")
+}
+
+/// This version's release tarballs in `<target>/dist` (written by `scripts/dist.sh`).
+fn dist_tarballs(target: &Path) -> Vec<PathBuf> {
+    let prefix = format!("criu-cuda-plugin-{}-", env!("CARGO_PKG_VERSION"));
+    let mut v: Vec<PathBuf> = std::fs::read_dir(target.join("dist"))
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&prefix) && n.ends_with("-linux-gnu.tar.gz"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The epilogue of `dist`: the plugin CRIU loaded from `/usr/lib/criu` is a tarball's
+/// `cuda_plugin.so`, by the `SHA256SUMS` the block unpacked.
+fn check_dist_installed(run: &BlockRun<'_>) -> R<String> {
+    let hash_of = |text: &str, file: &str| -> Option<String> {
+        text.lines().find_map(|l| {
+            let (h, f) = l.split_once("  ")?;
+            (f == file).then(|| h.to_owned())
+        })
+    };
+    let installed = hash_of(&read(&run.file("plugins.sha256")), "cuda_plugin.so").ok_or(
+        "the block installed no /usr/lib/criu/cuda_plugin.so (a `dist` block installs the tarball's)",
+    )?;
+    let mut unpacked = Vec::new();
+    if let Ok(d) = std::fs::read_dir(run.file("download")) {
+        for e in d.flatten() {
+            let sums = read(&e.path().join("SHA256SUMS"));
+            if let Some(h) = hash_of(&sums, "cuda_plugin.so") {
+                unpacked.push((e.file_name().to_string_lossy().into_owned(), h));
+            }
+        }
+    }
+    let from = unpacked
+        .iter()
+        .find(|(_, h)| *h == installed)
+        .map(|(d, _)| d.clone());
+    from.map(|d| format!("/usr/lib/criu/cuda_plugin.so is {d}/cuda_plugin.so"))
+        .ok_or_else(|| {
+            format!(
+                "/usr/lib/criu/cuda_plugin.so (sha256 {installed}) is not the cuda_plugin.so of an unpacked tarball ({unpacked:?})"
+            )
+        })
 }
 
 /// A real CRIU of `series`, with a path that can be exec'd from a script.
@@ -1657,6 +1744,7 @@ fn run_block(
     block: &Block,
     profile: Profile,
     installed: bool,
+    dist: bool,
     series: Option<&str>,
 ) -> Result<Completion, Failed> {
     if !is_root() {
@@ -1694,8 +1782,25 @@ fn run_block(
         }
     }
     let s = setup()?;
+    let tarballs = if dist {
+        let t = dist_tarballs(&s.target);
+        if t.is_empty() {
+            return skip_unless(
+                name,
+                format!(
+                    "no release tarball criu-cuda-plugin-{}-*.tar.gz in {} (run scripts/dist.sh)",
+                    env!("CARGO_PKG_VERSION"),
+                    s.target.join("dist").display()
+                ),
+                "CRIU_CUDA_REQUIRE_DIST",
+            );
+        }
+        t
+    } else {
+        Vec::new()
+    };
     let label = name.to_owned();
-    let mut run = BlockRun::new(s, block, profile, installed, criu, label)?;
+    let mut run = BlockRun::new(s, block, profile, installed, tarballs, criu, label)?;
     let result = run.prepare().and_then(|()| run.execute()).and_then(|o| {
         ensure!(
             o.rc == Some(0),
@@ -1704,6 +1809,8 @@ fn run_block(
             run.report(o.rc)
         );
         let what = match profile {
+            Profile::Released | Profile::Upstream if dist => check_cuda_tree(&run)
+                .and_then(|w| Ok(format!("{w}; {}", check_dist_installed(&run)?))),
             Profile::Released | Profile::Upstream => check_cuda_tree(&run),
             Profile::MockWorld => check_mock_world(&run),
             Profile::FetchedCriu => check_fetched_criu(&run),
@@ -1746,7 +1853,8 @@ fn self_check() -> R {
             && blocks[5].check
                 == Some(Check::Run {
                     profile: Profile::Upstream,
-                    installed: true
+                    installed: true,
+                    dist: false,
                 })
             && blocks[5].line == 23
             && blocks[5].text == "ok\n",
@@ -1760,6 +1868,17 @@ fn self_check() -> R {
             && check_manual(&blocks[0]).is_ok()
             && check_manual(&blocks[1]).is_err(),
         "manual blocks: {blocks:#?} {errors:#?}"
+    );
+    ensure!(
+        parse_marker("<!-- docs-check: run released dist -->")
+            == Ok(Check::Run {
+                profile: Profile::Released,
+                installed: false,
+                dist: true,
+            })
+            && parse_marker("<!-- docs-check: run mock-world dist -->").is_err()
+            && parse_marker("<!-- docs-check: run released installed dist -->").is_err(),
+        "`dist` markers"
     );
     let sh = "export CRIU_PLUGIN_OPTIONS=\"cuda_plugin.backend=cuda-checkpoint cuda_plugin.timeout=30\"\n\
               criu dump -t \"$PID\" -D /tmp/img # --plugin-option cuda_plugin.x=1\n\
@@ -1842,7 +1961,11 @@ fn trials() -> Vec<Trial> {
                     Ok(Completion::ignored_with(format!("manual: {reason}")))
                 }));
             }
-            Check::Run { profile, installed } => {
+            Check::Run {
+                profile,
+                installed,
+                dist,
+            } => {
                 let series: Vec<Option<&'static str>> = if profile == Profile::Released {
                     vec![Some("4.1"), Some("4.2")]
                 } else {
@@ -1855,7 +1978,7 @@ fn trials() -> Vec<Trial> {
                     };
                     let b = b.clone();
                     out.push(Trial::ignorable_test(name.clone(), move || {
-                        run_block(&name, &b, profile, installed, v)
+                        run_block(&name, &b, profile, installed, dist, v)
                     }));
                 }
             }

@@ -64,5 +64,7 @@ pub mod worker;
 
 /// The plugin's name: the descriptor's `name`, the inventory entry and the option namespace.
 pub const PLUGIN_NAME: &str = "cuda_plugin";
-/// The plugin's version, for the init log.
-pub const PLUGIN_VERSION: &str = "0.2.0";
+/// The plugin's version, for the init log: the crate's version (`version` in the workspace's
+/// `Cargo.toml`), so the reported version, the release tarballs' names and the git tag
+/// (`v<version>`) are one number.
+pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");

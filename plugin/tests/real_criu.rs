@@ -19,7 +19,8 @@
 //!
 //! Skips (with the reason) when not root, or when no CRIU is found (see `support` for where it
 //! is looked for) unless `CRIU_CUDA_REQUIRE_CRIU=1`. `CRIU_CUDA_REAL_CRIU_N32=0` marks the
-//! `exec-counts-n32` trials ignored (~2-5 s each on 2 cores). A failed case keeps its directory
+//! `exec-counts-n32` trials ignored (~2-5 s each on 2 cores). `CRIU_CUDA_TEST_PLUGIN_SO=PATH`
+//! tests that prebuilt plugin (e.g. a release build) instead. A failed case keeps its directory
 //! (images, CRIU logs, world, report) and prints its path; `CRIU_CUDA_REAL_CRIU_KEEP=1` keeps
 //! every case's.
 //!
@@ -1013,6 +1014,12 @@ fn main() {
         if !args.list {
             for c in &criu {
                 eprintln!("real_criu: CRIU {} at {}", c.version, c.path.display());
+            }
+            if let Some(p) = std::env::var_os("CRIU_CUDA_TEST_PLUGIN_SO") {
+                eprintln!(
+                    "real_criu: plugin {} (CRIU_CUDA_TEST_PLUGIN_SO)",
+                    Path::new(&p).display()
+                );
             }
         }
         trials(&criu)

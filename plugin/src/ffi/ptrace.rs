@@ -107,8 +107,11 @@ impl ThreadControl for Ptrace {
     fn resume(&mut self, pid: Pid, tid: Tid) -> Result<Resumed, ThreadError> {
         // TracerPid names the tracing *thread*; ptrace requests only work from it, so it must be
         // the calling thread (CRIU's main thread, whose tid is CRIU's pid).
-        // SAFETY: gettid has no preconditions.
-        let me = unsafe { libc::gettid() };
+        // The raw system call, not glibc's gettid(): that wrapper only exists since glibc 2.30,
+        // and the released plugin loads on glibc 2.17 (scripts/check-dist.sh rejects a symbol
+        // newer than that, or one without a version).
+        // SAFETY: SYS_gettid takes no arguments, has no preconditions and cannot fail.
+        let me = unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t;
         match tracer_of(pid, tid) {
             None => return Err(ThreadError::Gone { tid }),
             Some(t) if t != me => {

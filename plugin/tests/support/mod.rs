@@ -16,6 +16,10 @@
 //! When one is missing or older than its sources, `$CARGO build -p mock-libcuda
 //! -p fake-cuda-checkpoint -p cuda-plugin` runs once for the same profile and target directory.
 //!
+//! `CRIU_CUDA_TEST_PLUGIN_SO=PATH` tests a prebuilt plugin instead of the one from the target
+//! directory (the mocks still come from there): `scripts/check-dist-load.sh` runs the release
+//! build of `scripts/dist.sh` through real CRIU this way.
+//!
 //! # Where CRIU comes from
 //!
 //! `CRIU_CUDA_CRIU_4_1` / `CRIU_CUDA_CRIU_4_2` (set by `scripts/test.sh`), else the
@@ -191,10 +195,24 @@ fn locate_or_build() -> R<Artifacts> {
     for p in &programs {
         ensure!(p.exists(), "{} was not built", p.display());
     }
+    let plugin_so = match std::env::var_os("CRIU_CUDA_TEST_PLUGIN_SO") {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            ensure!(
+                p.is_file(),
+                "CRIU_CUDA_TEST_PLUGIN_SO={} is not a file",
+                p.display()
+            );
+            p
+        }
+        None => {
+            newest_of(&plugins)
+                .ok_or("libcuda_plugin.so was not built")?
+                .1
+        }
+    };
     Ok(Artifacts {
-        plugin_so: newest_of(&plugins)
-            .ok_or("libcuda_plugin.so was not built")?
-            .1,
+        plugin_so,
         mock_so: newest_of(&mocks)
             .ok_or("libmock_libcuda.so was not built")?
             .1,
