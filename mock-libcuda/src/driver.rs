@@ -98,10 +98,10 @@ pub fn apply_fault<T>(
     op: impl FnOnce() -> R<T>,
 ) -> R<T> {
     match action {
-        FaultAction::Return { code } => Err(code.0),
+        FaultAction::Return { code } => Err(code.cuda()),
         FaultAction::ErrorAfter { code } => {
             let _ = op();
-            Err(code.0)
+            Err(code.cuda())
         }
         FaultAction::Fail { code } => {
             if let Some(pid) = target {
@@ -112,7 +112,7 @@ pub fn apply_fault<T>(
                     }
                 });
             }
-            Err(code.0)
+            Err(code.cuda())
         }
         FaultAction::Delay { ms } => {
             std::thread::sleep(Duration::from_millis(*ms));
