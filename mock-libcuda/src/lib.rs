@@ -4,6 +4,8 @@
 //! * [`driver`] holds the behaviour of every driver entry point, in safe Rust.
 //! * [`target`] holds what lives inside a CUDA process: the restore thread, the API gate, device
 //!   memory moves on checkpoint and restore.
+//! * [`devmem`] holds virtual device memory: allocations accounted at their size that store
+//!   only a bounded sample of real bytes.
 //! * [`cli`] holds the `cuda-checkpoint` command line the driver serves through its export table.
 //! * [`visible`] holds `CUDA_VISIBLE_DEVICES`.
 //! * [`elf`] holds hiding exported symbols in a world's copy of the library.
@@ -12,6 +14,7 @@
 pub mod cli;
 pub mod cli_api;
 pub mod cli_entry;
+pub mod devmem;
 pub mod driver;
 pub mod elf;
 pub mod ffi;

@@ -75,8 +75,13 @@ impl ProcessEntry {
 #[serde(deny_unknown_fields)]
 pub struct Allocation {
     pub id: u64,
+    /// Size in bytes (the logical size of a virtual allocation).
     pub size: u64,
     pub gpu: GpuUuidText,
+    /// A virtual allocation (larger than `memory.real_mib`): its file holds the stored form of
+    /// [`crate::devmem::Sparse`], not its bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sampled: bool,
 }
 
 /// A GPU a checkpoint holds state of.
