@@ -359,6 +359,7 @@ pub fn mem_alloc(size: u64) -> R<u64> {
         let pid = std::process::id() as i32;
         let id = w
             .update(|st| {
+                st.release_dead_claims(crate::ffi::sys::has_restore_thread);
                 let used = st.resident_bytes(gpu, None);
                 if used + size > capacity {
                     return Err(CUresult::ERROR_OUT_OF_MEMORY);
@@ -844,20 +845,41 @@ fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
                 return if code.is_success() { Ok(()) } else { Err(code) };
             }
         }
+        // The thread took the request (it renames the file away) when it is gone.
+        let taken = || !req_path.exists();
         if Instant::now() >= deadline {
-            // Withdraw the request if the thread has not taken it yet.
-            let _ = std::fs::remove_file(&req_path);
-            return Err(CUresult::ERROR_TIMEOUT);
+            // A long checkpoint or restore is waited for as long as it makes progress: the
+            // timeout is for a thread that does not answer, not for one that works.
+            let patience = Duration::from_millis(w.config().driver.request_timeout_ms);
+            if !(taken() && w.transfer_alive(tgid, id, patience)) {
+                // Withdraw the request if the thread has not taken it yet.
+                let _ = std::fs::remove_file(&req_path);
+                return Err(CUresult::ERROR_TIMEOUT);
+            }
         }
         if !crate::ffi::sys::alive(tgid) {
+            // A target that dies while it carries the request out (killed mid-checkpoint)
+            // fails the call as the OS failing under the driver (cuda-checkpoint#58 reports
+            // 304 from a lock that crashed its target); one that died before is not a process.
+            let code = if taken() {
+                CUresult::ERROR_OPERATING_SYSTEM
+            } else {
+                CUresult::ERROR_INVALID_VALUE
+            };
             let _ = std::fs::remove_file(&req_path);
-            return Err(CUresult::ERROR_INVALID_VALUE);
+            return Err(code);
         }
         match (&bell, seen) {
             (Some(b), Some(seen)) => {
-                // Bounded, so liveness and the deadline are still checked while waiting.
+                // Bounded, so liveness and the deadline are still checked while waiting (past
+                // the deadline, a transfer in progress is checked on every wait).
                 let left = deadline.saturating_duration_since(Instant::now());
-                b.wait(target::BELL_RESPONSE, seen, left.min(ANSWER_WAIT));
+                let wait = if left.is_zero() {
+                    ANSWER_WAIT
+                } else {
+                    left.min(ANSWER_WAIT)
+                };
+                b.wait(target::BELL_RESPONSE, seen, wait);
             }
             _ => {
                 std::thread::sleep(pause);

@@ -8,6 +8,7 @@
 //! mock-world check CONFIG
 //! ```
 
+use abi::CUprocessState;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use mock_libcuda::world::config::WorldConfig;
@@ -114,23 +115,46 @@ fn main() -> Result<()> {
         Cmd::Status { dir, json } => {
             let w = World::open(&dir)?;
             let st = w.read_state()?;
+            let transfers = w.transfers();
             if json {
-                println!("{}", serde_json::to_string_pretty(&st)?);
+                // The state file, plus the transfers in progress.
+                let mut v = serde_json::to_value(&st)?;
+                v["transfers"] = serde_json::to_value(&transfers)?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!(
-                    "{:>8} {:>8} {:<13} {:>7} {:>12}  gpus",
-                    "pid", "tid", "state", "allocs", "bytes"
+                    "{:>8} {:>8} {:<13} {:>7} {:>15} {:>15}  gpus",
+                    "pid", "tid", "state", "allocs", "bytes", "staged"
                 );
                 for (pid, e) in &st.processes {
                     let bytes: u64 = e.allocations.iter().map(|a| a.size).sum();
                     let gpus: Vec<String> = e.contexts.iter().map(|g| g.0.to_string()).collect();
+                    let transfer = transfers.iter().find(|t| t.pid == *pid);
+                    // Host memory the process's checkpoint holds: what a transfer in progress
+                    // has staged so far, all of it once checkpointed.
+                    let staged = match transfer {
+                        Some(t) => t.staged(),
+                        None if e.state() == CUprocessState::CHECKPOINTED => {
+                            e.checkpointed.iter().map(|c| c.bytes).sum()
+                        }
+                        None => 0,
+                    };
                     println!(
-                        "{pid:>8} {:>8} {:<13} {:>7} {bytes:>12}  {}",
+                        "{pid:>8} {:>8} {:<13} {:>7} {bytes:>15} {staged:>15}  {}",
                         e.restore_tid,
                         e.state().to_string(),
                         e.allocations.len(),
                         gpus.join(",")
                     );
+                    if let Some(t) = transfer {
+                        println!(
+                            "{:>8} {} in progress: {} of {} bytes moved",
+                            "",
+                            t.direction,
+                            t.moved(),
+                            t.total()
+                        );
+                    }
                 }
             }
         }

@@ -9,12 +9,15 @@
 //! <world>/lib/libcuda.so.1  the mock, with hidden symbols removed from its dynamic table
 //! <world>/devmem/           device memory of RUNNING/LOCKED processes, one file per allocation
 //! <world>/mailbox/<pid>/    requests to a target's restore thread
+//! <world>/transfers/        checkpoints and restores in progress            -> transfers.rs
 //! ```
 
 pub mod config;
 pub mod faults;
+pub mod rates;
 pub mod state;
 pub mod trace;
+pub mod transfers;
 
 use crate::world::config::WorldConfig;
 use std::path::{Path, PathBuf};
@@ -100,7 +103,7 @@ impl World {
     pub fn create(dir: &Path, config: &WorldConfig, mock_so: &Path) -> Result<World, WorldError> {
         let io = |p: &Path, e| WorldError::io(p, e);
         std::fs::create_dir_all(dir.join("lib")).map_err(|e| io(dir, e))?;
-        for sub in ["devmem", "mailbox"] {
+        for sub in ["devmem", "mailbox", "transfers"] {
             let p = dir.join(sub);
             if p.exists() {
                 std::fs::remove_dir_all(&p).map_err(|e| io(&p, e))?;
