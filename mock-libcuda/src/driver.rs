@@ -335,10 +335,42 @@ pub fn ctx_get_device() -> R<i32> {
         .ok_or(CUresult::ERROR_INVALID_CONTEXT)
 }
 
-/// `cuCtxSynchronize`: waits (through the gate) while the process is locked.
+/// Environment variable of a target: every `cuCtxSynchronize` of the process stays inside the
+/// API gate this many milliseconds, as when it waits for a kernel that runs that long (the mock
+/// launches no kernels): work in flight that a lock has to wait for.
+pub const KERNEL_MS_ENV: &str = "MOCK_CUDA_KERNEL_MS";
+
+/// The process's kernel time ([`KERNEL_MS_ENV`]); a value that is not a number of
+/// milliseconds is an error naming the variable.
+fn kernel_time() -> R<Option<Duration>> {
+    static KERNEL: std::sync::OnceLock<Result<Option<Duration>, String>> =
+        std::sync::OnceLock::new();
+    let k = KERNEL.get_or_init(|| match std::env::var(KERNEL_MS_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .map_err(|_| format!("{KERNEL_MS_ENV}={v:?} is not a number of milliseconds")),
+    });
+    k.clone().map_err(|e| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("mock-libcuda: {e}"));
+        CUresult::ERROR_INVALID_VALUE
+    })
+}
+
+/// `cuCtxSynchronize`: waits (through the gate) while the process is locked; with
+/// [`KERNEL_MS_ENV`] it then stays in the gate for the kernel's time.
 pub fn ctx_synchronize() -> R<()> {
     let w = world()?;
-    gated(&w, "cuCtxSynchronize", &String::new, || Ok(()))
+    let kernel = kernel_time()?;
+    gated(&w, "cuCtxSynchronize", &String::new, || {
+        if let Some(t) = kernel {
+            std::thread::sleep(t);
+        }
+        Ok(())
+    })
 }
 
 fn current_gpu(w: &World) -> R<GpuUuid> {
