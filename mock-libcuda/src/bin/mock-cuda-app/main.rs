@@ -388,3 +388,45 @@ fn run(args: &Args, pid: u32) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_and_probes_lie_inside_apart_and_in_order() {
+        for bytes in [2 * WINDOWS * WINDOW, 1 << 20, 80 * GIB, 141 * GIB + 12345] {
+            let (wins, probes) = windows(bytes);
+            assert_eq!(wins.len() as u64, WINDOWS);
+            assert_eq!(wins[0].0, 0);
+            let mut all: Vec<Range> = wins.iter().chain(&probes).copied().collect();
+            all.sort_unstable();
+            for pair in all.windows(2) {
+                assert!(
+                    pair[0].0 + pair[0].1 <= pair[1].0,
+                    "{bytes}: {pair:?} overlap"
+                );
+            }
+            let last = all.last().unwrap();
+            assert!(last.0 + last.1 <= bytes, "{bytes}: {last:?} is outside");
+            assert!(
+                bytes - (last.0 + last.1) < WINDOW + 64,
+                "the last window ends near the end"
+            );
+            assert_eq!(
+                probes.len() as u64,
+                WINDOWS - 1,
+                "{bytes}: a probe in every gap"
+            );
+        }
+    }
+
+    #[test]
+    fn sizes_in_gib_must_be_positive() {
+        assert_eq!(parse_gib("0.5"), Ok(0.5));
+        assert_eq!(parse_gib("141"), Ok(141.0));
+        for bad in ["0", "-1", "nan", "inf", "1e-12", "many"] {
+            assert!(parse_gib(bad).is_err(), "{bad}");
+        }
+    }
+}
