@@ -883,7 +883,7 @@ fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
             // A long checkpoint or restore is waited for as long as it makes progress: the
             // timeout is for a thread that does not answer, not for one that works.
             let patience = Duration::from_millis(w.config().driver.request_timeout_ms);
-            if !(taken() && w.transfer_alive(tgid, id, patience)) {
+            if !(taken() && w.transfer_working(tgid, id, patience)) {
                 // Withdraw the request if the thread has not taken it yet.
                 let _ = std::fs::remove_file(&req_path);
                 return Err(CUresult::ERROR_TIMEOUT);

@@ -107,8 +107,11 @@ impl Gate {
 /// How long a waiter on the gate sleeps between looks.
 const GATE_POLL: Duration = Duration::from_micros(200);
 
-/// How often a transfer recomputes its rate and publishes its progress.
+/// How often a transfer recomputes its rate (from the transfers it finds in the world).
 const TICK: Duration = Duration::from_millis(10);
+
+/// How often a transfer publishes its progress (besides when it starts and ends).
+const PUBLISH: Duration = Duration::from_millis(50);
 
 /// A transfer shorter than this (wall-clock, alone) just sleeps its time: it is not published
 /// in the world's registry (the 16–64 KiB allocations of most tests take microseconds).
@@ -314,6 +317,24 @@ impl Runtime {
             // A process restored from images may not be known as checkpointed yet.
             self.announce();
             self.request.store(req.id, SeqCst);
+            // A checkpoint or restore is registered as a transfer from the moment it is taken
+            // until it is answered, so a caller past its request timeout sees it being carried
+            // out at every point (the transfer fills its parts in; see transfers.rs).
+            let direction = match req.op {
+                Op::Checkpoint => Some(Direction::Checkpoint),
+                Op::Restore { .. } => Some(Direction::Restore),
+                _ => None,
+            };
+            let world = self.world();
+            if let Some(direction) = direction {
+                let _ = world.write_progress(&Progress {
+                    pid: self.pid,
+                    restore_tid: self.restore_tid(),
+                    request: req.id,
+                    direction,
+                    gpus: Vec::new(),
+                });
+            }
             let result = self.execute(&req.op);
             let resp = Response {
                 id: req.id,
@@ -323,6 +344,9 @@ impl Runtime {
             let _ = crate::world::write_atomic(&dir.join("resp.json"), &text);
             if let Some(b) = bell {
                 b.ring(BELL_RESPONSE);
+            }
+            if direction.is_some() {
+                world.remove_progress(self.pid);
             }
         }
     }
@@ -641,6 +665,7 @@ impl Runtime {
         let mut moved: Vec<f64> = vec![0.0; parts.len()];
         let _ = world.write_progress(&progress);
         let mut last = Instant::now();
+        let mut published = last;
         loop {
             let others: Vec<Progress> = world
                 .transfers()
@@ -704,9 +729,13 @@ impl Runtime {
             if progress.gpus.iter().all(|g| !g.active()) {
                 break;
             }
-            let _ = world.write_progress(&progress);
+            if now.duration_since(published) >= PUBLISH {
+                let _ = world.write_progress(&progress);
+                published = now;
+            }
         }
-        world.remove_progress(self.pid);
+        // Done: the entry stays (with nothing left to move) until the request is answered.
+        let _ = world.write_progress(&progress);
     }
 
     /// Host memory held by other processes' checkpoints: transfers in progress (`running`,

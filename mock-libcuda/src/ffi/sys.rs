@@ -60,6 +60,17 @@ pub fn alive(pid: i32) -> bool {
     !matches!(state, None | Some("Z" | "X"))
 }
 
+/// True when thread `tid` of `pid` is stopped (SIGSTOP, a ptrace stop): it makes no progress
+/// until someone resumes it.
+#[must_use]
+pub fn stopped(pid: i32, tid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+        return false;
+    };
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+    matches!(state, Some("T" | "t"))
+}
+
 /// True when `tid` is a live thread of `pid` named like a CUDA restore thread (`cuda…`, not
 /// `cuda-EvtHandlr`): the mark of the same CUDA process, also after CRIU restored it (start
 /// times are not preserved by a restore), and never true for a process that reused the pid.

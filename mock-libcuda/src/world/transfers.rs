@@ -1,12 +1,12 @@
 //! Transfers in progress: one small file per process that checkpoints or restores
-//! (`<world>/transfers/<pid>.json`), written by its restore thread every few milliseconds while
-//! the transfer runs and removed when it ends.
+//! (`<world>/transfers/<pid>.json`), written by its restore thread when it takes the request,
+//! every 50 ms while the transfer runs, and removed once the request is answered.
 //!
 //! The files are the world's registry of active transfers (each restore thread reads them to
 //! learn how many transfers share its GPU's link and the host, see [`crate::world::rates`]),
 //! its progress report (`mock-world status`: bytes moved so far and the host memory the
 //! transfer has staged), and the sign of life a caller of a long checkpoint waits on instead
-//! of its request timeout. Keeping them apart from `state.json` keeps progress cheap: a tick
+//! of its request timeout. Keeping them apart from `state.json` keeps progress cheap: an update
 //! rewrites a few hundred bytes of the process's own file and takes no lock.
 //!
 //! A file whose process is gone (killed mid-transfer, e.g. by the OOM killer) is ignored and
@@ -125,11 +125,16 @@ impl World {
         Some((p, stamp))
     }
 
-    /// Whether `pid` is carrying out `request` and reported progress within `within`.
+    /// Whether `pid` is carrying `request` out: its transfer is registered and either reported
+    /// progress within `within` or has a restore thread that is not stopped (SIGSTOP, ptrace).
+    /// A thread that waits for the disk (a busy host can stall a file write for seconds) is
+    /// still working; a stopped one is not, once its last report is older than `within`.
     #[must_use]
-    pub fn transfer_alive(&self, pid: i32, request: u64, within: Duration) -> bool {
+    pub fn transfer_working(&self, pid: i32, request: u64, within: Duration) -> bool {
         self.progress_of(pid).is_some_and(|(p, stamp)| {
-            p.request == request && stamp.elapsed().is_ok_and(|age| age <= within)
+            p.request == request
+                && (stamp.elapsed().is_ok_and(|age| age <= within)
+                    || !crate::ffi::sys::stopped(p.pid, p.restore_tid))
         })
     }
 
