@@ -20,7 +20,8 @@
 //! `cuMemsetD8` to a value of the allocation, writes a pattern into 16 windows of 1 KiB spread
 //! over it, and checks the windows and a probe of the set value between each two: a few KiB
 //! of real data that still tell the allocations apart, which is what a mock world stores of a
-//! virtual allocation (and what a real GPU checks in microseconds).
+//! virtual allocation (and what a real GPU checks in microseconds). Its background checks
+//! take one window and one probe at a time, in turn; SIGUSR1 and SIGTERM check them all.
 //!
 //! `--kernel-ms MS` keeps a "kernel" in flight: a thread calls `cuCtxSynchronize` in a loop,
 //! and the process's environment gets `MOCK_CUDA_KERNEL_MS=MS`, with which the mock driver
@@ -221,18 +222,27 @@ impl Workload {
         Ok(())
     }
 
-    fn verify(&self) -> Result<()> {
+    /// Checks the data: all of it, or (`round = Some(n)`, the background checks) every byte
+    /// of a whole allocation but only window and probe `n` (rotating) of a windowed one.
+    fn verify(&self, round: Option<u64>) -> Result<()> {
         for (k, &(ctx, dptr)) in self.allocs.iter().enumerate() {
             self.driver.set_current(ctx)?;
             match self.layout {
                 Layout::Whole => self.check(k, dptr, (0, self.bytes), |i| pattern(k, i))?,
                 Layout::Windows => {
                     let (wins, probes) = windows(self.bytes);
-                    for w in wins {
-                        self.check(k, dptr, w, |i| pattern(k, i))?;
+                    let wanted =
+                        |j: usize, n: usize| round.is_none_or(|r| j as u64 == r % n as u64);
+                    let (nw, np) = (wins.len(), probes.len());
+                    for (j, w) in wins.into_iter().enumerate() {
+                        if wanted(j, nw) {
+                            self.check(k, dptr, w, |i| pattern(k, i))?;
+                        }
                     }
-                    for p in probes {
-                        self.check(k, dptr, p, |_| fill(k))?;
+                    for (j, p) in probes.into_iter().enumerate() {
+                        if wanted(j, np) {
+                            self.check(k, dptr, p, |_| fill(k))?;
+                        }
                     }
                 }
             }
@@ -361,14 +371,14 @@ fn run(args: &Args, pid: u32) -> Result<()> {
     loop {
         std::thread::sleep(Duration::from_millis(args.check_ms));
         if let Some(w) = &workload {
-            w.verify()?;
+            w.verify(Some(checks))?;
             checks += 1;
         }
         let stop = ffi::STOP.load(Ordering::SeqCst);
         if ffi::VERIFY.swap(false, Ordering::SeqCst) || stop {
             let gpus = match &workload {
                 Some(w) => {
-                    w.verify()?;
+                    w.verify(None)?;
                     checks += 1;
                     w.gpus()?
                 }
