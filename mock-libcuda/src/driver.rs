@@ -138,14 +138,7 @@ pub fn apply_fault<T>(
 
 /// Blocks until `file` (relative to the world) exists, or forever without one.
 pub fn hang(world: &World, file: Option<&str>) {
-    loop {
-        if let Some(f) = file {
-            if world.dir().join(f).exists() {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    world.hang(file);
 }
 
 // ---------------------------------------------------------------------------------------------

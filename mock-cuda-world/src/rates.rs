@@ -10,7 +10,7 @@
 //!                   host   / active parts on the host )
 //! ```
 //!
-//! an equal share of each of the three limits ([`crate::world::config::RatesConfig`]): the
+//! an equal share of each of the three limits ([`crate::config::RatesConfig`]): the
 //! driver's copy path belongs to the process, the link to the GPU, the ceiling to the host.
 //! The shares never add up to more than a limit. They are not max-min fair (a part held back
 //! by a busy link does not hand its unused driver share to its sibling), which keeps the model
@@ -21,7 +21,7 @@
 //! it (the target's restore thread does the same step by step, against the transfers it finds
 //! in the world); [`duration`] converts modelled time to wall-clock time.
 
-use crate::world::config::RatesConfig;
+use crate::config::RatesConfig;
 use std::time::Duration;
 
 /// One GB/s, in bytes per second.

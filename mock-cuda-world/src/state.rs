@@ -84,7 +84,7 @@ pub struct Allocation {
     pub size: u64,
     pub gpu: GpuUuidText,
     /// A virtual allocation (larger than `memory.real_mib`): its file holds the stored form of
-    /// [`crate::devmem::Sparse`], not its bytes.
+    /// `mock_libcuda::devmem::Sparse`, not its bytes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sampled: bool,
 }
@@ -187,10 +187,10 @@ impl World {
         StateFile::load(&self.state_path())
     }
 
-    fn lock_state(&self) -> Result<crate::ffi::sys::FileLock, WorldError> {
+    fn lock_state(&self) -> Result<crate::sys::FileLock, WorldError> {
         let path = self.lock_path();
         let deadline = Instant::now() + LOCK_TIMEOUT;
-        crate::ffi::sys::FileLock::acquire(&path, deadline).map_err(|e| match e {
+        crate::sys::FileLock::acquire(&path, deadline).map_err(|e| match e {
             None => WorldError::LockTimeout {
                 path: path.display().to_string(),
                 ms: LOCK_TIMEOUT.as_millis() as u64,

@@ -103,7 +103,7 @@ fn default_request_timeout_ms() -> u64 {
 }
 
 /// The time model: how fast checkpoint and restore move device memory (see
-/// [`crate::world::rates`]). Rates are in GB/s (10^9 bytes per second).
+/// [`crate::rates`]). Rates are in GB/s (10^9 bytes per second).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RatesConfig {
@@ -535,18 +535,17 @@ fn validate_nvml_fault(i: usize, f: &FaultSpec) -> Result<(), String> {
 
 impl WorldConfig {
     /// Parses `world.toml` text; `origin` names the file in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<WorldConfig, crate::world::WorldError> {
-        let cfg: WorldConfig =
-            toml::from_str(text).map_err(|e| crate::world::WorldError::Config {
-                path: origin.to_owned(),
-                reason: e.to_string(),
-            })?;
+    pub fn parse(text: &str, origin: &str) -> Result<WorldConfig, crate::WorldError> {
+        let cfg: WorldConfig = toml::from_str(text).map_err(|e| crate::WorldError::Config {
+            path: origin.to_owned(),
+            reason: e.to_string(),
+        })?;
         cfg.validate(origin)?;
         Ok(cfg)
     }
 
-    fn validate(&self, origin: &str) -> Result<(), crate::world::WorldError> {
-        let bad = |reason: String| crate::world::WorldError::Config {
+    fn validate(&self, origin: &str) -> Result<(), crate::WorldError> {
+        let bad = |reason: String| crate::WorldError::Config {
             path: origin.to_owned(),
             reason,
         };

@@ -3,7 +3,7 @@
 //! every 50 ms while the transfer runs, and removed once the request is answered.
 //!
 //! The files are the world's registry of active transfers (each restore thread reads them to
-//! learn how many transfers share its GPU's link and the host, see [`crate::world::rates`]),
+//! learn how many transfers share its GPU's link and the host, see [`crate::rates`]),
 //! its progress report (`mock-world status`: bytes moved so far and the host memory the
 //! transfer has staged), and the sign of life a caller of a long checkpoint waits on instead
 //! of its request timeout. Keeping them apart from `state.json` keeps progress cheap: an update
@@ -134,7 +134,7 @@ impl World {
         self.progress_of(pid).is_some_and(|(p, stamp)| {
             p.request == request
                 && (stamp.elapsed().is_ok_and(|age| age <= within)
-                    || !crate::ffi::sys::stopped(p.pid, p.restore_tid))
+                    || !crate::sys::stopped(p.pid, p.restore_tid))
         })
     }
 
@@ -149,7 +149,7 @@ impl World {
                 let name = e.ok()?.file_name();
                 let pid: i32 = name.to_str()?.strip_suffix(".json")?.parse().ok()?;
                 let (p, _) = self.progress_of(pid)?;
-                if !crate::ffi::sys::has_restore_thread(p.pid, p.restore_tid) {
+                if !crate::sys::has_restore_thread(p.pid, p.restore_tid) {
                     self.remove_progress(pid);
                     return None;
                 }
