@@ -509,6 +509,11 @@ fn validate_nvml_fault(i: usize, f: &FaultSpec) -> Result<(), String> {
             NVML_FUNCTIONS.join(", ")
         ));
     }
+    if name == "nvmlErrorString" {
+        return Err(format!(
+            "fault {i} ({name}): it returns a string, not a code, and cannot fail"
+        ));
+    }
     if f.nth == 0 {
         return Err(format!("fault {i} ({name}): nth is 1-based, 0 never fires"));
     }
@@ -743,6 +748,7 @@ mod tests {
                 "NVML calls take",
             ),
             ("nvmlInitt", "{ kind = \"hang\" }", "not an NVML function"),
+            ("nvmlErrorString", "{ kind = \"hang\" }", "cannot fail"),
             (
                 "cuInit",
                 "{ kind = \"return\", code = \"NVML_ERROR_UNKNOWN\" }",

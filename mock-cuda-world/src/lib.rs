@@ -78,6 +78,9 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemGetInfo_v2",
 ];
 
+/// File name of the NVML stand-in in a world's `lib/`.
+pub const NVML_LIB: &str = "libnvidia-ml.so.1";
+
 /// Environment variable naming the world directory.
 pub const WORLD_ENV: &str = "MOCK_CUDA_WORLD";
 
@@ -155,7 +158,8 @@ impl World {
 
     /// Creates (or re-creates) a world at `dir` from `config`: writes `world.toml`, a fresh
     /// state and trace, and `lib/libcuda.so.1` made from the mock library at `mock_so` with the
-    /// world's hidden symbols removed from its dynamic symbol table.
+    /// world's hidden symbols removed from its dynamic symbol table. The NVML stand-in is
+    /// installed separately ([`World::install_nvml`]).
     pub fn create(dir: &Path, config: &WorldConfig, mock_so: &Path) -> Result<World, WorldError> {
         let io = |p: &Path, e| WorldError::io(p, e);
         std::fs::create_dir_all(dir.join("lib")).map_err(|e| io(dir, e))?;
@@ -184,6 +188,12 @@ impl World {
             .map_err(|e| WorldError::Library(format!("{}: {e}", mock_so.display())))?;
         let lib = dir.join("lib").join("libcuda.so.1");
         write_atomic(&lib, &patched)?;
+        // A fresh world has NVML only once `install_nvml` puts it there.
+        let nvml = dir.join("lib").join(NVML_LIB);
+        match std::fs::remove_file(&nvml) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&nvml, e)),
+            _ => {}
+        }
         World::open(dir)
     }
 
@@ -217,6 +227,37 @@ impl World {
         }
         write_atomic(&cfg_path, text.as_bytes())?;
         World::open(dir)
+    }
+
+    /// Installs `lib/libnvidia-ml.so.1` from the NVML stand-in at `nvml_so` when the config
+    /// says `[nvml] present = true`, or removes it when it says `false` (`nvml_so` is then not
+    /// read). The copy leaves out of its dynamic symbol table any driver symbol the stand-in
+    /// might export, so `libnvidia-ml.so.1` serves NVML only.
+    pub fn install_nvml(&self, nvml_so: Option<&Path>) -> Result<(), WorldError> {
+        let lib = self.dir.join("lib").join(NVML_LIB);
+        if !self.config.nvml.present {
+            return match std::fs::remove_file(&lib) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(WorldError::io(&lib, e)),
+                _ => Ok(()),
+            };
+        }
+        let so = nvml_so.ok_or_else(|| {
+            WorldError::Library(format!(
+                "the config has [nvml] present = true, but no NVML stand-in (libmock_nvml.so) was given for {}",
+                lib.display()
+            ))
+        })?;
+        let image = std::fs::read(so).map_err(|e| WorldError::io(so, e))?;
+        let exported = elf::exported_names(&image)
+            .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
+        let driver: Vec<&str> = DRIVER_SYMBOLS
+            .iter()
+            .copied()
+            .filter(|s| exported.iter().any(|e| e == s))
+            .collect();
+        let patched = elf::hide_dynamic_symbols(&image, &driver)
+            .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
+        write_atomic(&lib, &patched)
     }
 
     /// The world directory.

@@ -1,8 +1,8 @@
 //! `mock-world`: creates and inspects mock CUDA worlds.
 //!
 //! ```text
-//! mock-world init DIR --config world.toml [--lib libmock_libcuda.so]
-//! mock-world configure DIR --config world.toml [--lib libmock_libcuda.so]
+//! mock-world init DIR --config world.toml [--lib libmock_libcuda.so] [--nvml-lib libmock_nvml.so]
+//! mock-world configure DIR --config world.toml [--lib libmock_libcuda.so] [--nvml-lib …]
 //! mock-world status DIR [--json]
 //! mock-world trace DIR
 //! mock-world check CONFIG
@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Create (or reset) a world: config, fresh state and trace, and lib/libcuda.so.1.
+    /// Create (or reset) a world: config, fresh state and trace, lib/libcuda.so.1 and (unless
+    /// the config says [nvml] present = false) lib/libnvidia-ml.so.1.
     Init {
         dir: PathBuf,
         /// The world's config (world.toml format).
@@ -34,6 +35,10 @@ enum Cmd {
         /// this program).
         #[arg(long)]
         lib: Option<PathBuf>,
+        /// The built NVML stand-in (default: $MOCK_NVML_SO, else libmock_nvml.so next to this
+        /// program; when there is none, the world has no NVML and a warning says so).
+        #[arg(long)]
+        nvml_lib: Option<PathBuf>,
     },
     /// Replace the config of an existing world, keeping its state and trace (e.g. to add a
     /// fault naming a process that runs in it).
@@ -44,6 +49,9 @@ enum Cmd {
         /// The built mock library, needed when the hidden symbols change (default as for init).
         #[arg(long)]
         lib: Option<PathBuf>,
+        /// The built NVML stand-in (default as for init).
+        #[arg(long)]
+        nvml_lib: Option<PathBuf>,
     },
     /// Print the CUDA processes of a world.
     Status {
@@ -57,24 +65,42 @@ enum Cmd {
     Check { config: PathBuf },
 }
 
+/// The newest of `name` next to this program and in its `deps/` (`cargo test` refreshes
+/// `deps/` but not the copy next to the binaries).
+fn next_to_me(name: &str) -> Result<Option<PathBuf>> {
+    let exe = std::env::current_exe().context("locating mock-world")?;
+    let dir = exe.parent().context("mock-world has no directory")?;
+    Ok([dir.join(name), dir.join("deps").join(name)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p))
+}
+
 fn default_lib() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("MOCK_LIBCUDA_SO") {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().context("locating mock-world")?;
-    let dir = exe.parent().context("mock-world has no directory")?;
-    // `cargo test` refreshes deps/ but not the copy next to the binaries: take the newest.
-    let newest = [
-        dir.join("libmock_libcuda.so"),
-        dir.join("deps").join("libmock_libcuda.so"),
-    ]
-    .into_iter()
-    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-    .max();
-    if let Some((_, p)) = newest {
+    if let Some(p) = next_to_me("libmock_libcuda.so")? {
         return Ok(p);
     }
-    bail!("cannot find libmock_libcuda.so next to {} (build the mock-libcuda crate, or pass --lib / set MOCK_LIBCUDA_SO)", exe.display())
+    bail!("cannot find libmock_libcuda.so next to mock-world (build the mock-libcuda crate, or pass --lib / set MOCK_LIBCUDA_SO)")
+}
+
+/// The NVML stand-in to install: `--nvml-lib`, `$MOCK_NVML_SO`, or the one next to this
+/// program. `None` (with a warning) when the config wants NVML and none was built.
+fn nvml_lib(given: Option<PathBuf>, cfg: &WorldConfig) -> Result<Option<PathBuf>> {
+    if !cfg.nvml.present {
+        return Ok(None);
+    }
+    if let Some(p) = given.or_else(|| std::env::var_os("MOCK_NVML_SO").map(PathBuf::from)) {
+        return Ok(Some(p));
+    }
+    let found = next_to_me("libmock_nvml.so")?;
+    if found.is_none() {
+        eprintln!("mock-world: warning: no libmock_nvml.so next to mock-world: this world has no libnvidia-ml.so.1 (build the mock-nvml crate, pass --nvml-lib, or say [nvml] present = false)");
+    }
+    Ok(found)
 }
 
 fn read_config(path: &Path) -> Result<WorldConfig> {
@@ -85,13 +111,21 @@ fn read_config(path: &Path) -> Result<WorldConfig> {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Init { dir, config, lib } => {
+        Cmd::Init {
+            dir,
+            config,
+            lib,
+            nvml_lib: nvml,
+        } => {
             let cfg = read_config(&config)?;
             let lib = match lib {
                 Some(l) => l,
                 None => default_lib()?,
             };
             let w = World::create(&dir, &cfg, &lib)?;
+            if let Some(so) = nvml_lib(nvml, &cfg)? {
+                w.install_nvml(Some(&so))?;
+            }
             println!(
                 "world {}: driver r{} ({}), cuDriverGetVersion {}, {} GPU(s), {} fault(s)",
                 w.dir().display(),
@@ -102,10 +136,20 @@ fn main() -> Result<()> {
                 cfg.faults.len()
             );
         }
-        Cmd::Configure { dir, config, lib } => {
+        Cmd::Configure {
+            dir,
+            config,
+            lib,
+            nvml_lib: nvml,
+        } => {
             let cfg = read_config(&config)?;
             let lib = lib.or_else(|| default_lib().ok());
-            World::reconfigure(&dir, &cfg, lib.as_deref())?;
+            let w = World::reconfigure(&dir, &cfg, lib.as_deref())?;
+            match nvml_lib(nvml, &cfg)? {
+                Some(so) => w.install_nvml(Some(&so))?,
+                None if !cfg.nvml.present => w.install_nvml(None)?,
+                None => {}
+            }
             println!(
                 "world {}: config replaced ({} fault(s))",
                 dir.display(),
