@@ -40,6 +40,8 @@ pub struct Artifacts {
     pub plugin: PathBuf,
     /// `libmock_libcuda.so`.
     pub mock_lib: PathBuf,
+    /// `libmock_nvml.so` (the NVML stand-in `mock-world` installs).
+    pub mock_nvml: PathBuf,
     /// `mock-world`.
     pub mock_world: PathBuf,
     /// `mock-cuda-app`.
@@ -82,6 +84,7 @@ impl Artifacts {
             harness: harness.to_path_buf(),
             plugin: newest_lib(profile, "libcuda_plugin.so"),
             mock_lib: newest_lib(profile, "libmock_libcuda.so"),
+            mock_nvml: newest_lib(profile, "libmock_nvml.so"),
             mock_world: profile.join("mock-world"),
             mock_app: profile.join("mock-cuda-app"),
             cuda_checkpoint: profile.join("cuda-checkpoint"),
@@ -105,6 +108,7 @@ impl Artifacts {
             &self.harness,
             &self.plugin,
             &self.mock_lib,
+            &self.mock_nvml,
             &self.mock_world,
             &self.mock_app,
             &self.cuda_checkpoint,
@@ -131,6 +135,8 @@ fn build(profile: &Path, workspace: &Path) -> Result<(), String> {
             "cuda-plugin",
             "-p",
             "mock-libcuda",
+            "-p",
+            "mock-nvml",
             "-p",
             "fake-cuda-checkpoint",
         ])
@@ -421,7 +427,9 @@ impl Exec<'_> {
                 .arg("--config")
                 .arg(&cfg)
                 .arg("--lib")
-                .arg(&self.art.mock_lib),
+                .arg(&self.art.mock_lib)
+                .arg("--nvml-lib")
+                .arg(&self.art.mock_nvml),
             "mock-world init",
         )?;
         let bin = self.dir.join("bin");
@@ -445,7 +453,9 @@ impl Exec<'_> {
                 .arg("--config")
                 .arg(cfg)
                 .arg("--lib")
-                .arg(&self.art.mock_lib),
+                .arg(&self.art.mock_lib)
+                .arg("--nvml-lib")
+                .arg(&self.art.mock_nvml),
             "mock-world configure",
         )?;
         Ok(())
@@ -552,12 +562,18 @@ impl Exec<'_> {
             if t.cuda {
                 let gpus = t.gpus.clone().unwrap_or_else(|| vec![0]);
                 let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
-                let _ = write!(
-                    line,
-                    " --gpus {} --kib {}",
-                    gpus.join(","),
-                    t.kib.unwrap_or(64)
-                );
+                let _ = write!(line, " --gpus {}", gpus.join(","));
+                match t.gib {
+                    Some(g) => {
+                        let _ = write!(line, " --gib {g}");
+                    }
+                    None => {
+                        let _ = write!(line, " --kib {}", t.kib.unwrap_or(64));
+                    }
+                }
+                if let Some(ms) = t.kernel_ms {
+                    let _ = write!(line, " --kernel-ms {ms}");
+                }
             } else {
                 line.push_str(" --cpu-only");
             }
@@ -587,7 +603,10 @@ impl Exec<'_> {
         // CUDA tasks, the restore thread) so that the freeze sees a stable tree.
         for (i, t) in tasks.iter().enumerate() {
             let pid = self.pids[&t.name];
-            let want = 1 + t.threads as usize + usize::from(t.cuda);
+            let want = 1
+                + t.threads as usize
+                + usize::from(t.cuda)
+                + usize::from(t.cuda && t.kernel_ms.is_some());
             let end = Instant::now() + Duration::from_secs(5);
             while thread_count(pid) < want && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(5));
