@@ -4,7 +4,7 @@
 //! string, returns "Unknown Error"); it never unwinds into the caller. A NULL output pointer is
 //! `NVML_ERROR_INVALID_ARGUMENT`.
 //!
-//! A device handle (`nvmlDevice_t`) is the address of one byte of [`HANDLES`], by host index:
+//! A device handle (`nvmlDevice_t`) is the address of one byte of a static array, by host index:
 //! stable for the life of the process, never dereferenced by anyone, and told apart from any
 //! other pointer by its address alone.
 

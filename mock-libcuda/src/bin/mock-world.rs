@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Create (or reset) a world: config, fresh state and trace, lib/libcuda.so.1 and (unless
-    /// the config says [nvml] present = false) lib/libnvidia-ml.so.1.
+    /// the config says `[nvml] present = false`) lib/libnvidia-ml.so.1.
     Init {
         dir: PathBuf,
         /// The world's config (world.toml format).
