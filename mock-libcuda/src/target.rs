@@ -113,8 +113,8 @@ const TICK: Duration = Duration::from_millis(10);
 /// How often a transfer publishes its progress (besides when it starts and ends).
 const PUBLISH: Duration = Duration::from_millis(50);
 
-/// A transfer shorter than this (wall-clock, alone) just sleeps its time: it is not published
-/// in the world's registry (the 16–64 KiB allocations of most tests take microseconds).
+/// A transfer shorter than this (wall-clock, alone) just sleeps its time without publishing its
+/// parts (the 16–64 KiB allocations of most tests take microseconds).
 const INSTANT: Duration = Duration::from_millis(2);
 
 struct SavedAlloc {
