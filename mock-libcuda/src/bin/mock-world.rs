@@ -88,19 +88,25 @@ fn default_lib() -> Result<PathBuf> {
 }
 
 /// The NVML stand-in to install: `--nvml-lib`, `$MOCK_NVML_SO`, or the one next to this
-/// program. `None` (with a warning) when the config wants NVML and none was built.
+/// program; `None` when the config wants none, or none was built.
 fn nvml_lib(given: Option<PathBuf>, cfg: &WorldConfig) -> Result<Option<PathBuf>> {
     if !cfg.nvml.present {
         return Ok(None);
     }
-    if let Some(p) = given.or_else(|| std::env::var_os("MOCK_NVML_SO").map(PathBuf::from)) {
+    let from_env = std::env::var_os("MOCK_NVML_SO").filter(|v| !v.is_empty());
+    if let Some(p) = given.or_else(|| from_env.map(PathBuf::from)) {
         return Ok(Some(p));
     }
-    let found = next_to_me("libmock_nvml.so")?;
-    if found.is_none() {
-        eprintln!("mock-world: warning: no libmock_nvml.so next to mock-world: this world has no libnvidia-ml.so.1 (build the mock-nvml crate, pass --nvml-lib, or say [nvml] present = false)");
-    }
-    Ok(found)
+    next_to_me("libmock_nvml.so")
+}
+
+/// Says that a world that should have NVML has none.
+fn warn_no_nvml(w: &World) {
+    eprintln!(
+        "mock-world: warning: no libmock_nvml.so next to mock-world: {} has no {} (build the mock-nvml crate, pass --nvml-lib, or say [nvml] present = false)",
+        w.dir().display(),
+        mock_libcuda::world::NVML_LIB
+    );
 }
 
 fn read_config(path: &Path) -> Result<WorldConfig> {
@@ -123,8 +129,10 @@ fn main() -> Result<()> {
                 None => default_lib()?,
             };
             let w = World::create(&dir, &cfg, &lib)?;
-            if let Some(so) = nvml_lib(nvml, &cfg)? {
-                w.install_nvml(Some(&so))?;
+            match nvml_lib(nvml, &cfg)? {
+                Some(so) => w.install_nvml(Some(&so))?,
+                None if cfg.nvml.present => warn_no_nvml(&w),
+                None => {}
             }
             println!(
                 "world {}: driver r{} ({}), cuDriverGetVersion {}, {} GPU(s), {} fault(s)",
@@ -148,7 +156,13 @@ fn main() -> Result<()> {
             match nvml_lib(nvml, &cfg)? {
                 Some(so) => w.install_nvml(Some(&so))?,
                 None if !cfg.nvml.present => w.install_nvml(None)?,
-                None => {}
+                // The library init installed stays.
+                None if w
+                    .dir()
+                    .join("lib")
+                    .join(mock_libcuda::world::NVML_LIB)
+                    .exists() => {}
+                None => warn_no_nvml(&w),
             }
             println!(
                 "world {}: config replaced ({} fault(s))",
