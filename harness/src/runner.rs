@@ -40,6 +40,8 @@ pub struct Artifacts {
     pub plugin: PathBuf,
     /// `libmock_libcuda.so`.
     pub mock_lib: PathBuf,
+    /// `libmock_nvml.so` (the NVML stand-in `mock-world` installs).
+    pub mock_nvml: PathBuf,
     /// `mock-world`.
     pub mock_world: PathBuf,
     /// `mock-cuda-app`.
@@ -82,6 +84,7 @@ impl Artifacts {
             harness: harness.to_path_buf(),
             plugin: newest_lib(profile, "libcuda_plugin.so"),
             mock_lib: newest_lib(profile, "libmock_libcuda.so"),
+            mock_nvml: newest_lib(profile, "libmock_nvml.so"),
             mock_world: profile.join("mock-world"),
             mock_app: profile.join("mock-cuda-app"),
             cuda_checkpoint: profile.join("cuda-checkpoint"),
@@ -105,6 +108,7 @@ impl Artifacts {
             &self.harness,
             &self.plugin,
             &self.mock_lib,
+            &self.mock_nvml,
             &self.mock_world,
             &self.mock_app,
             &self.cuda_checkpoint,
@@ -131,6 +135,8 @@ fn build(profile: &Path, workspace: &Path) -> Result<(), String> {
             "cuda-plugin",
             "-p",
             "mock-libcuda",
+            "-p",
+            "mock-nvml",
             "-p",
             "fake-cuda-checkpoint",
         ])
@@ -223,6 +229,7 @@ pub fn run(s: &Scenario, art: &Artifacts, opts: RunOptions) -> Report {
         tids: BTreeMap::new(),
         procs: BTreeMap::new(),
         cli_pids: BTreeSet::new(),
+        lock_timeouts: known_lock_timeouts(s),
         root_child: None,
         env: Vec::new(),
         transcript: String::new(),
@@ -342,6 +349,9 @@ struct Exec<'a> {
     /// step processes (engine, criu) by pid.
     procs: BTreeMap<i32, &'static str>,
     cli_pids: BTreeSet<i32>,
+    /// Lock timeouts (ms) the scenario configures; any other one the plugin derived from
+    /// CRIU's freeze alarm, which depends on timing (see [`known_lock_timeouts`]).
+    lock_timeouts: BTreeSet<u64>,
     root_child: Option<Child>,
     env: Vec<(String, String)>,
     transcript: String,
@@ -421,7 +431,9 @@ impl Exec<'_> {
                 .arg("--config")
                 .arg(&cfg)
                 .arg("--lib")
-                .arg(&self.art.mock_lib),
+                .arg(&self.art.mock_lib)
+                .arg("--nvml-lib")
+                .arg(&self.art.mock_nvml),
             "mock-world init",
         )?;
         let bin = self.dir.join("bin");
@@ -445,7 +457,9 @@ impl Exec<'_> {
                 .arg("--config")
                 .arg(cfg)
                 .arg("--lib")
-                .arg(&self.art.mock_lib),
+                .arg(&self.art.mock_lib)
+                .arg("--nvml-lib")
+                .arg(&self.art.mock_nvml),
             "mock-world configure",
         )?;
         Ok(())
@@ -552,12 +566,18 @@ impl Exec<'_> {
             if t.cuda {
                 let gpus = t.gpus.clone().unwrap_or_else(|| vec![0]);
                 let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
-                let _ = write!(
-                    line,
-                    " --gpus {} --kib {}",
-                    gpus.join(","),
-                    t.kib.unwrap_or(64)
-                );
+                let _ = write!(line, " --gpus {}", gpus.join(","));
+                match t.gib {
+                    Some(g) => {
+                        let _ = write!(line, " --gib {g}");
+                    }
+                    None => {
+                        let _ = write!(line, " --kib {}", t.kib.unwrap_or(64));
+                    }
+                }
+                if let Some(ms) = t.kernel_ms {
+                    let _ = write!(line, " --kernel-ms {ms}");
+                }
             } else {
                 line.push_str(" --cpu-only");
             }
@@ -587,7 +607,10 @@ impl Exec<'_> {
         // CUDA tasks, the restore thread) so that the freeze sees a stable tree.
         for (i, t) in tasks.iter().enumerate() {
             let pid = self.pids[&t.name];
-            let want = 1 + t.threads as usize + usize::from(t.cuda);
+            let want = 1
+                + t.threads as usize
+                + usize::from(t.cuda)
+                + usize::from(t.cuda && t.kernel_ms.is_some());
             let end = Instant::now() + Duration::from_secs(5);
             while thread_count(pid) < want && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(5));
@@ -1233,8 +1256,8 @@ impl Exec<'_> {
                 i = j;
             } else if let (true, Ok(ms)) = (lock_timeout, num.parse::<u64>()) {
                 // A lock timeout the freeze alarm shortened depends on timing: keep the
-                // configured (whole-second) ones, round the rest.
-                if ms % 1000 == 0 {
+                // configured ones, round the rest.
+                if self.lock_timeouts.contains(&ms) {
                     out.push_str(&num);
                 } else {
                     out.push_str(&format!("~{}s", (ms + 500) / 1000));
@@ -1414,6 +1437,37 @@ impl Exec<'_> {
         }
         kill_and_reap(&victims, self.root_child.take());
     }
+}
+
+/// The lock timeouts (ms) a scenario configures: `cuda_plugin.timeout=S` options, CRIU's
+/// `--timeout` (the plugin's default, 10 s unless a step sets it) and `--timeout MS` arguments
+/// of `cuda-checkpoint` steps.
+fn known_lock_timeouts(s: &Scenario) -> BTreeSet<u64> {
+    let mut out = BTreeSet::from([0, 10_000]);
+    let opts = s
+        .options
+        .iter()
+        .chain(s.steps.iter().flat_map(|st| &st.options));
+    for o in opts {
+        if let Some(v) = o.strip_prefix("cuda_plugin.timeout=") {
+            if let Ok(secs) = v.parse::<u64>() {
+                out.insert(secs * 1000);
+            }
+        }
+    }
+    for st in &s.steps {
+        if let Some(t) = st.criu_timeout {
+            out.insert(u64::from(t) * 1000);
+        }
+        for w in st.args.windows(2) {
+            if w[0] == "--timeout" {
+                if let Ok(ms) = w[1].parse::<u64>() {
+                    out.insert(ms);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// How long a step may run before the watchdog kills it: 120 s, or four times its `within`.

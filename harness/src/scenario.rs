@@ -8,11 +8,17 @@
 //! [world]              # optional: a `world.toml` (docs/mock-world.md) for `mock-world init`;
 //! driver = { branch = 580 }   # `schema = 1` and one default GPU are added when absent; a
 //!                      # `[[world.fault]]` may name a task (`task = "worker"`) instead of a pid:
-//!                      # faults are installed (`mock-world configure`) once the workload runs
+//!                      # faults are installed (`mock-world configure`) once the workload runs;
+//!                      # every other key passes through: `[world.rates]` (driver_gbps,
+//!                      # link_gbps, host_gbps, time_scale), `[world.host]` (memory_gib),
+//!                      # `[world.memory]` (real_mib, sample_kib), `[world.nvml]` (present)
 //!
 //! [workload]           # the process tree, root first; `parent` names an earlier task
 //! tasks = [{ name = "root" }, { name = "worker", parent = "root", cuda = true, threads = 1 }]
-//!                      # CUDA tasks: `gpus = [0, 1]`, `kib = 64`
+//!                      # CUDA tasks: `gpus = [0, 1]`, `kib = 64` (every byte real), or
+//!                      # `gib = 80.0` (virtual device memory: a memset and 16 pattern windows,
+//!                      # `mock-cuda-app --gib`), and `kernel_ms = 500` (a kernel of that many
+//!                      # milliseconds always in flight: a lock waits for it)
 //!
 //! [host]
 //! engine = "emulated"  # or "criu" (a real CRIU >= 4.0; skipped when absent)
@@ -146,6 +152,12 @@ pub struct TaskSpec {
     /// KiB allocated per GPU by a CUDA task (default 64).
     #[serde(default)]
     pub kib: Option<u32>,
+    /// GiB allocated per GPU by a CUDA task, instead of `kib` (virtual device memory).
+    #[serde(default)]
+    pub gib: Option<f64>,
+    /// Milliseconds of the kernel a CUDA task keeps in flight (`mock-cuda-app --kernel-ms`).
+    #[serde(default)]
+    pub kernel_ms: Option<u64>,
     /// Extra environment of the task (e.g. `CUDA_VISIBLE_DEVICES`).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -565,6 +577,28 @@ impl Scenario {
             }
         }
         for t in &self.workload.tasks {
+            if t.kib.is_some() && t.gib.is_some() {
+                return Err(format!(
+                    "task `{}`: `kib` and `gib` exclude each other",
+                    t.name
+                ));
+            }
+            if let Some(g) = t.gib {
+                if !(g.is_finite() && g > 0.0) {
+                    return Err(format!(
+                        "task `{}`: gib = {g}: must be a positive number",
+                        t.name
+                    ));
+                }
+            }
+            for (key, given) in [
+                ("gib", t.gib.is_some()),
+                ("kernel_ms", t.kernel_ms.is_some()),
+            ] {
+                if given && !t.cuda {
+                    return Err(format!("task `{}`: `{key}` needs `cuda = true`", t.name));
+                }
+            }
             if let Some(k) = t.env.keys().find(|k| !is_env_name(k)) {
                 return Err(format!(
                     "task `{}`: env: `{k}` is not a variable name",
@@ -907,6 +941,31 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
         }
         let e = Scenario::parse("m.toml", &MAP.replace("hex = ", "hexx = ")).unwrap_err();
         assert!(e.to_string().contains("hexx"), "{e}");
+    }
+
+    #[test]
+    fn cuda_tasks_take_sizes_in_gib_and_kernels_in_flight() {
+        let text = MINIMAL.replace(
+            "{ name = \"c\", parent = \"root\", threads = 2 }",
+            "{ name = \"c\", parent = \"root\", cuda = true, gib = 80, kernel_ms = 500 }",
+        );
+        let s = Scenario::parse("s.toml", &text).unwrap();
+        assert_eq!(s.workload.tasks[1].gib, Some(80.0));
+        assert_eq!(s.workload.tasks[1].kernel_ms, Some(500));
+        for (task, why) in [
+            ("cuda = true, gib = 80, kib = 4", "exclude each other"),
+            ("cuda = true, gib = -1.5", "must be a positive number"),
+            ("gib = 80", "`gib` needs `cuda = true`"),
+            ("kernel_ms = 500", "`kernel_ms` needs `cuda = true`"),
+            ("cuda = true, kernel_ms = -5", "kernel_ms"),
+        ] {
+            let bad = MINIMAL.replace("threads = 2", task);
+            let e = Scenario::parse("dir/s.toml", &bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("dir/s.toml: ") && e.contains(why),
+                "{why}: {e}"
+            );
+        }
     }
 
     #[test]

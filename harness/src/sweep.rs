@@ -657,7 +657,9 @@ impl Run<'_> {
                 .arg("--config")
                 .arg(&cfg)
                 .arg("--lib")
-                .arg(&self.art.mock_lib),
+                .arg(&self.art.mock_lib)
+                .arg("--nvml-lib")
+                .arg(&self.art.mock_nvml),
             &format!("mock-world {verb}"),
         )
         .map(drop)

@@ -871,7 +871,8 @@ if [ "$DOCS_CUDA_TREE" = 1 ]; then
     export LD_LIBRARY_PATH=$W/world/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export CRIU_CUDA_FORCE_ENABLE=1
     export PATH=$W/bin:$PATH
-    "$DOCS_MOCK_WORLD" init "$W/world" --config "$W/world.toml" --lib "$DOCS_MOCK_LIB" >/dev/null
+    "$DOCS_MOCK_WORLD" init "$W/world" --config "$W/world.toml" --lib "$DOCS_MOCK_LIB" \
+        --nvml-lib "$DOCS_MOCK_NVML" >/dev/null
     if [ "$DOCS_INSTALLED" = 1 ]; then
         install -D -m 0644 "$DOCS_PLUGIN" /usr/lib/criu/cuda_plugin.so
     fi
@@ -1054,6 +1055,7 @@ impl<'a> BlockRun<'a> {
             )
             .env("DOCS_MOCK_WORLD", s.inside(&s.art.mock_world)?)
             .env("DOCS_MOCK_LIB", s.inside(&s.art.mock_lib)?)
+            .env("DOCS_MOCK_NVML", s.inside(&s.art.mock_nvml)?)
             .env("DOCS_MOCK_APP", s.inside(&s.art.mock_app)?)
             .env("DOCS_PLUGIN", s.inside(&s.art.plugin)?)
             .stdin(Stdio::null());

@@ -32,8 +32,8 @@ pub fn run_command_line(args: &[String]) -> i32 {
                     let _ = std::io::stdout().flush();
                     break 'run *status;
                 }
-                FaultAction::Return { code } => break 'run injected(code.0),
-                FaultAction::ErrorAfter { code } => after = Some(code.0),
+                FaultAction::Return { code } => break 'run injected(code.cuda()),
+                FaultAction::ErrorAfter { code } => after = Some(code.cuda()),
                 other => {
                     if let Err(code) = driver::apply_fault(&w, other, target, || Ok(())) {
                         break 'run injected(code);

@@ -5,6 +5,7 @@
 //! utility) or by the target itself are sent to the target's restore thread through its
 //! mailbox in the world (see [`crate::target`]) and answered from there.
 
+use crate::devmem::{DevmemError, Piece, Sparse};
 use crate::target::{self, Op, Request, Response};
 use crate::world::config::{FaultAction, GpuUuidText};
 use crate::world::state::Allocation;
@@ -15,10 +16,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// First device address; allocation `id` lives at `DEVPTR_BASE + (id << 32)`.
+/// First device address; allocation `id` lives at `DEVPTR_BASE + (id << ALLOC_SHIFT)`.
 pub const DEVPTR_BASE: u64 = 0x7000_0000_0000;
-/// Largest single allocation (the address encoding leaves 32 bits of offset).
-pub const MAX_ALLOC: u64 = 1 << 32;
+/// Bits of offset in a device address: an allocation may span 1 TiB.
+pub const ALLOC_SHIFT: u32 = 40;
+/// Largest single allocation (the address encoding leaves [`ALLOC_SHIFT`] bits of offset).
+pub const MAX_ALLOC: u64 = 1 << ALLOC_SHIFT;
 /// Grace a caller adds to a lock's own `timeoutMs` before it stops waiting for the target.
 const LOCK_GRACE: Duration = Duration::from_millis(250);
 
@@ -98,10 +101,10 @@ pub fn apply_fault<T>(
     op: impl FnOnce() -> R<T>,
 ) -> R<T> {
     match action {
-        FaultAction::Return { code } => Err(code.0),
+        FaultAction::Return { code } => Err(code.cuda()),
         FaultAction::ErrorAfter { code } => {
             let _ = op();
-            Err(code.0)
+            Err(code.cuda())
         }
         FaultAction::Fail { code } => {
             if let Some(pid) = target {
@@ -112,7 +115,7 @@ pub fn apply_fault<T>(
                     }
                 });
             }
-            Err(code.0)
+            Err(code.cuda())
         }
         FaultAction::Delay { ms } => {
             std::thread::sleep(Duration::from_millis(*ms));
@@ -146,14 +149,7 @@ pub fn apply_fault<T>(
 
 /// Blocks until `file` (relative to the world) exists, or forever without one.
 pub fn hang(world: &World, file: Option<&str>) {
-    loop {
-        if let Some(f) = file {
-            if world.dir().join(f).exists() {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    world.hang(file);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -343,10 +339,42 @@ pub fn ctx_get_device() -> R<i32> {
         .ok_or(CUresult::ERROR_INVALID_CONTEXT)
 }
 
-/// `cuCtxSynchronize`: waits (through the gate) while the process is locked.
+/// Environment variable of a target: every `cuCtxSynchronize` of the process stays inside the
+/// API gate this many milliseconds, as when it waits for a kernel that runs that long (the mock
+/// launches no kernels): work in flight that a lock has to wait for.
+pub const KERNEL_MS_ENV: &str = "MOCK_CUDA_KERNEL_MS";
+
+/// The process's kernel time ([`KERNEL_MS_ENV`]); a value that is not a number of
+/// milliseconds is an error naming the variable.
+fn kernel_time() -> R<Option<Duration>> {
+    static KERNEL: std::sync::OnceLock<Result<Option<Duration>, String>> =
+        std::sync::OnceLock::new();
+    let k = KERNEL.get_or_init(|| match std::env::var(KERNEL_MS_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .map_err(|_| format!("{KERNEL_MS_ENV}={v:?} is not a number of milliseconds")),
+    });
+    k.clone().map_err(|e| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("mock-libcuda: {e}"));
+        CUresult::ERROR_INVALID_VALUE
+    })
+}
+
+/// `cuCtxSynchronize`: waits (through the gate) while the process is locked; with
+/// [`KERNEL_MS_ENV`] it then stays in the gate for the kernel's time.
 pub fn ctx_synchronize() -> R<()> {
     let w = world()?;
-    gated(&w, "cuCtxSynchronize", &String::new, || Ok(()))
+    let kernel = kernel_time()?;
+    gated(&w, "cuCtxSynchronize", &String::new, || {
+        if let Some(t) = kernel {
+            std::thread::sleep(t);
+        }
+        Ok(())
+    })
 }
 
 fn current_gpu(w: &World) -> R<GpuUuid> {
@@ -363,9 +391,11 @@ pub fn mem_alloc(size: u64) -> R<u64> {
         }
         let gpu = current_gpu(&w)?;
         let capacity = w.config().gpu(gpu).map_or(0, |g| g.capacity_bytes());
+        let sampled = size > w.config().memory.real_limit();
         let pid = std::process::id() as i32;
         let id = w
             .update(|st| {
+                st.release_dead_claims(crate::ffi::sys::has_restore_thread);
                 let used = st.resident_bytes(gpu, None);
                 if used + size > capacity {
                     return Err(CUresult::ERROR_OUT_OF_MEMORY);
@@ -380,15 +410,21 @@ pub fn mem_alloc(size: u64) -> R<u64> {
                     id,
                     size,
                     gpu: GpuUuidText(gpu),
+                    sampled,
                 });
                 Ok(id)
             })
             .map_err(os_err)??;
-        let f = std::fs::File::create(w.devmem_path(pid, id))
-            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
-        f.set_len(size)
-            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
-        Ok(DEVPTR_BASE + (id << 32))
+        let path = w.devmem_path(pid, id);
+        if sampled {
+            std::fs::write(&path, Sparse::new(size).encode())
+                .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        } else {
+            let f = std::fs::File::create(&path).map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+            f.set_len(size)
+                .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        }
+        Ok(DEVPTR_BASE + (id << ALLOC_SHIFT))
     })
 }
 
@@ -397,7 +433,7 @@ fn locate(w: &World, dptr: u64, len: u64) -> R<(Allocation, u64)> {
     if dptr < DEVPTR_BASE {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
-    let id = (dptr - DEVPTR_BASE) >> 32;
+    let id = (dptr - DEVPTR_BASE) >> ALLOC_SHIFT;
     let off = dptr & (MAX_ALLOC - 1);
     let pid = std::process::id() as i32;
     let st = w.read_state().map_err(os_err)?;
@@ -441,9 +477,52 @@ fn devmem_io(w: &World, a: &Allocation) -> R<std::fs::File> {
         .map_err(|_| CUresult::ERROR_ILLEGAL_ADDRESS)
 }
 
+/// Serialises read-modify-write cycles of virtual allocations among this process's threads
+/// (only the process itself touches its device memory files).
+static SPARSE_IO: Mutex<()> = Mutex::new(());
+
+fn load_sparse(w: &World, a: &Allocation) -> R<Sparse> {
+    let bytes = std::fs::read(w.devmem_path(std::process::id() as i32, a.id))
+        .map_err(|_| CUresult::ERROR_ILLEGAL_ADDRESS)?;
+    Sparse::decode(&bytes).map_err(|e| {
+        eprintln!("mock-libcuda: device memory of allocation {}: {e}", a.id);
+        CUresult::ERROR_OPERATING_SYSTEM
+    })
+}
+
+fn store_sparse(w: &World, a: &Allocation, m: &Sparse) -> R<()> {
+    std::fs::write(w.devmem_path(std::process::id() as i32, a.id), m.encode())
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)
+}
+
+/// Changes a virtual allocation; a write beyond its sample is `CUDA_ERROR_NOT_SUPPORTED`, with
+/// the reason on stderr.
+fn modify_sparse(
+    w: &World,
+    a: &Allocation,
+    f: impl FnOnce(&mut Sparse, u64) -> Result<(), DevmemError>,
+) -> R<()> {
+    let _io = SPARSE_IO.lock().unwrap_or_else(|p| p.into_inner());
+    let mut m = load_sparse(w, a)?;
+    match f(&mut m, w.config().memory.sample_limit()) {
+        Ok(()) => store_sparse(w, a, &m),
+        Err(e @ DevmemError::SampleFull { .. }) => {
+            eprintln!(
+                "mock-libcuda: allocation {} is virtual ({} bytes, more than memory.real_mib): {e}; only that much of it is real (raise memory.sample_kib, or memory.real_mib to make it real)",
+                a.id, a.size
+            );
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        Err(_) => Err(CUresult::ERROR_INVALID_VALUE),
+    }
+}
+
 fn write_dev(w: &World, dptr: u64, src: &[u8]) -> R<()> {
     use std::os::unix::fs::FileExt;
     let (a, off) = locate(w, dptr, src.len() as u64)?;
+    if a.sampled {
+        return modify_sparse(w, &a, |m, limit| m.write(off, src, limit));
+    }
     devmem_io(w, &a)?
         .write_all_at(src, off)
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)
@@ -452,9 +531,61 @@ fn write_dev(w: &World, dptr: u64, src: &[u8]) -> R<()> {
 fn read_dev(w: &World, dst: &mut [u8], dptr: u64) -> R<()> {
     use std::os::unix::fs::FileExt;
     let (a, off) = locate(w, dptr, dst.len() as u64)?;
+    if a.sampled {
+        let _io = SPARSE_IO.lock().unwrap_or_else(|p| p.into_inner());
+        return load_sparse(w, &a)?
+            .read(off, dst)
+            .map_err(|_| CUresult::ERROR_INVALID_VALUE);
+    }
     devmem_io(w, &a)?
         .read_exact_at(dst, off)
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)
+}
+
+/// The content of `len` bytes at `dptr`, as pieces (a virtual allocation's runs stay runs).
+fn read_pieces(w: &World, dptr: u64, len: u64) -> R<Vec<Piece>> {
+    let (a, off) = locate(w, dptr, len)?;
+    if a.sampled {
+        let _io = SPARSE_IO.lock().unwrap_or_else(|p| p.into_inner());
+        return load_sparse(w, &a)?
+            .pieces(off, len)
+            .map_err(|_| CUresult::ERROR_INVALID_VALUE);
+    }
+    // A real allocation is at most `memory.real_mib` long, so its bytes fit in memory.
+    let mut buf = vec![0u8; usize::try_from(len).map_err(|_| CUresult::ERROR_INVALID_VALUE)?];
+    read_dev(w, &mut buf, dptr)?;
+    Ok(vec![Piece::Data(buf)])
+}
+
+/// Writes pieces at `dptr`: runs stay runs in a virtual allocation, and are spelled out in a
+/// real one (at most its size).
+fn write_pieces(w: &World, dptr: u64, pieces: &[Piece]) -> R<()> {
+    let len: u64 = pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Fill { len, .. } => *len,
+            Piece::Data(d) => d.len() as u64,
+        })
+        .sum();
+    let (a, off) = locate(w, dptr, len)?;
+    if a.sampled {
+        return modify_sparse(w, &a, |m, limit| m.write_pieces(off, pieces, limit));
+    }
+    let mut at = dptr;
+    for p in pieces {
+        match p {
+            Piece::Fill { len, value } => {
+                let n = usize::try_from(*len).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+                write_dev(w, at, &vec![*value; n])?;
+                at += *len;
+            }
+            Piece::Data(d) => {
+                write_dev(w, at, d)?;
+                at += d.len() as u64;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `cuMemcpyHtoD`.
@@ -488,10 +619,8 @@ pub fn memcpy_dtod(dst: u64, src: u64, len: u64) -> R<()> {
         "cuMemcpyDtoD",
         &|| format!("dst={dst:#x}, src={src:#x}, bytes={len}"),
         || {
-            let mut buf =
-                vec![0u8; usize::try_from(len).map_err(|_| CUresult::ERROR_INVALID_VALUE)?];
-            read_dev(&w, &mut buf, src)?;
-            write_dev(&w, dst, &buf)
+            let pieces = read_pieces(&w, src, len)?;
+            write_pieces(&w, dst, &pieces)
         },
     )
 }
@@ -503,10 +632,7 @@ pub fn memset_d8(dptr: u64, value: u8, n: u64) -> R<()> {
         &w,
         "cuMemsetD8",
         &|| format!("dptr={dptr:#x}, value={value}, count={n}"),
-        || {
-            let buf = vec![value; usize::try_from(n).map_err(|_| CUresult::ERROR_INVALID_VALUE)?];
-            write_dev(&w, dptr, &buf)
-        },
+        || write_pieces(&w, dptr, &[Piece::Fill { len: n, value }]),
     )
 }
 
@@ -755,20 +881,41 @@ fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
                 return if code.is_success() { Ok(()) } else { Err(code) };
             }
         }
+        // The thread took the request (it renames the file away) when it is gone.
+        let taken = || !req_path.exists();
         if Instant::now() >= deadline {
-            // Withdraw the request if the thread has not taken it yet.
-            let _ = std::fs::remove_file(&req_path);
-            return Err(CUresult::ERROR_TIMEOUT);
+            // A long checkpoint or restore is waited for as long as it makes progress: the
+            // timeout is for a thread that does not answer, not for one that works.
+            let patience = Duration::from_millis(w.config().driver.request_timeout_ms);
+            if !(taken() && w.transfer_working(tgid, id, patience)) {
+                // Withdraw the request if the thread has not taken it yet.
+                let _ = std::fs::remove_file(&req_path);
+                return Err(CUresult::ERROR_TIMEOUT);
+            }
         }
         if !crate::ffi::sys::alive(tgid) {
+            // A target that dies while it carries the request out (killed mid-checkpoint)
+            // fails the call as the OS failing under the driver (cuda-checkpoint#58 reports
+            // 304 from a lock that crashed its target); one that died before is not a process.
+            let code = if taken() {
+                CUresult::ERROR_OPERATING_SYSTEM
+            } else {
+                CUresult::ERROR_INVALID_VALUE
+            };
             let _ = std::fs::remove_file(&req_path);
-            return Err(CUresult::ERROR_INVALID_VALUE);
+            return Err(code);
         }
         match (&bell, seen) {
             (Some(b), Some(seen)) => {
-                // Bounded, so liveness and the deadline are still checked while waiting.
+                // Bounded, so liveness and the deadline are still checked while waiting (past
+                // the deadline, a transfer in progress is checked on every wait).
                 let left = deadline.saturating_duration_since(Instant::now());
-                b.wait(target::BELL_RESPONSE, seen, left.min(ANSWER_WAIT));
+                let wait = if left.is_zero() {
+                    ANSWER_WAIT
+                } else {
+                    left.min(ANSWER_WAIT)
+                };
+                b.wait(target::BELL_RESPONSE, seen, wait);
             }
             _ => {
                 std::thread::sleep(pause);

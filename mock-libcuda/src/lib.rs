@@ -1,20 +1,26 @@
 //! `mock-libcuda`: a `libcuda.so.1` stand-in for hardware-free testing of CUDA checkpointing.
 //!
-//! * [`world`] holds the scripted, cross-process world on disk (config, state, trace, faults).
+//! * [`world`] is the scripted, cross-process world on disk (config, state, trace, faults, the
+//!   time model), the `mock-cuda-world` crate, shared with the NVML stand-in (`mock-nvml`).
 //! * [`driver`] holds the behaviour of every driver entry point, in safe Rust.
 //! * [`target`] holds what lives inside a CUDA process: the restore thread, the API gate, device
 //!   memory moves on checkpoint and restore.
+//! * [`devmem`] holds virtual device memory: allocations accounted at their size that store
+//!   only a bounded sample of real bytes.
 //! * [`cli`] holds the `cuda-checkpoint` command line the driver serves through its export table.
 //! * [`visible`] holds `CUDA_VISIBLE_DEVICES`.
-//! * [`elf`] holds hiding exported symbols in a world's copy of the library.
+//! * [`elf`] (from `mock-cuda-world`) holds hiding exported symbols in a world's copy of the
+//!   library.
 //! * [`ffi`] holds the C ABI (all `unsafe` code).
 
 pub mod cli;
 pub mod cli_api;
 pub mod cli_entry;
+pub mod devmem;
 pub mod driver;
-pub mod elf;
 pub mod ffi;
 pub mod target;
 pub mod visible;
-pub mod world;
+
+pub use mock_cuda_world as world;
+pub use mock_cuda_world::elf;

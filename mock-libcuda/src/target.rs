@@ -13,20 +13,26 @@
 //! * **device memory** that lives outside the process (one file per allocation under
 //!   `<world>/devmem/`) while RUNNING or LOCKED. A checkpoint moves it into the process's own
 //!   memory (so CRIU dumps it with the process) and a restore writes it back, onto the mapped
-//!   GPUs.
+//!   GPUs. Both take the time their (logical) bytes need under the world's time model
+//!   ([`crate::world::rates`]), publishing their progress in `<world>/transfers/`; a
+//!   checkpoint whose staged bytes do not fit in the host's memory is OOM-killed, and a
+//!   restore claims its GPU memory before it starts (`CUDA_ERROR_OUT_OF_MEMORY` when it does
+//!   not fit, the checkpoint intact).
 //! * a **GPU handle**: a file descriptor CRIU refuses to dump, held while the process has GPU
 //!   state, released by a checkpoint and re-acquired by a restore. A dump whose CUDA checkpoint
 //!   did not happen fails, as on a real GPU.
 
 use crate::world::config::GpuUuidText;
+use crate::world::rates::{self, Limits, Part};
 use crate::world::state::{Allocation, CheckpointedGpu};
+use crate::world::transfers::{Direction, GpuProgress, Progress};
 use crate::world::World;
 use abi::{CUprocessState, CUresult, GpuUuid};
 use serde::{Deserialize, Serialize};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -101,6 +107,16 @@ impl Gate {
 /// How long a waiter on the gate sleeps between looks.
 const GATE_POLL: Duration = Duration::from_micros(200);
 
+/// How often a transfer recomputes its rate (from the transfers it finds in the world).
+const TICK: Duration = Duration::from_millis(10);
+
+/// How often a transfer publishes its progress (besides when it starts and ends).
+const PUBLISH: Duration = Duration::from_millis(50);
+
+/// A transfer shorter than this (wall-clock, alone) just sleeps its time without publishing its
+/// parts (the 16–64 KiB allocations of most tests take microseconds).
+const INSTANT: Duration = Duration::from_millis(2);
+
 struct SavedAlloc {
     alloc: Allocation,
     data: Vec<u8>,
@@ -114,6 +130,8 @@ pub struct Runtime {
     saved: Mutex<Vec<SavedAlloc>>,
     gpu_handle: Mutex<Option<OwnedFd>>,
     restore_tid: OnceLock<i32>,
+    /// The id of the request the restore thread is carrying out.
+    request: AtomicU64,
     /// The mailbox's doorbell; `None`: the restore thread polls.
     bell: OnceLock<crate::ffi::sys::Bell>,
     /// The world as the restore thread last read it, with its config's modification time.
@@ -164,6 +182,7 @@ pub fn ensure_registered(
         saved: Mutex::new(Vec::new()),
         gpu_handle: Mutex::new(crate::ffi::sys::open_gpu_handle()),
         restore_tid: OnceLock::new(),
+        request: AtomicU64::new(0),
         bell: OnceLock::new(),
         checkpoint_entry: Mutex::new(None),
         current: Mutex::new((
@@ -210,6 +229,7 @@ pub fn ensure_registered(
                     contexts: Vec::new(),
                     allocations: Vec::new(),
                     checkpointed: Vec::new(),
+                    reserved: Vec::new(),
                 },
             );
         })
@@ -296,6 +316,25 @@ impl Runtime {
             };
             // A process restored from images may not be known as checkpointed yet.
             self.announce();
+            self.request.store(req.id, SeqCst);
+            // A checkpoint or restore is registered as a transfer from the moment it is taken
+            // until it is answered, so a caller past its request timeout sees it being carried
+            // out at every point (the transfer fills its parts in; see transfers.rs).
+            let direction = match req.op {
+                Op::Checkpoint => Some(Direction::Checkpoint),
+                Op::Restore { .. } => Some(Direction::Restore),
+                _ => None,
+            };
+            let world = self.world();
+            if let Some(direction) = direction {
+                let _ = world.write_progress(&Progress {
+                    pid: self.pid,
+                    restore_tid: self.restore_tid(),
+                    request: req.id,
+                    direction,
+                    gpus: Vec::new(),
+                });
+            }
             let result = self.execute(&req.op);
             let resp = Response {
                 id: req.id,
@@ -305,6 +344,9 @@ impl Runtime {
             let _ = crate::world::write_atomic(&dir.join("resp.json"), &text);
             if let Some(b) = bell {
                 b.ring(BELL_RESPONSE);
+            }
+            if direction.is_some() {
+                world.remove_progress(self.pid);
             }
         }
     }
@@ -456,6 +498,10 @@ impl Runtime {
                 });
             }
         }
+        // The copy to host memory takes the time its bytes need (and is OOM-killed when they
+        // do not fit in the host's memory).
+        let parts: Vec<(GpuUuid, u64)> = per_gpu.iter().map(|c| (c.uuid.0, c.bytes)).collect();
+        self.transfer(world, Direction::Checkpoint, &parts);
         world
             .update(|st| {
                 if let Some(e) = st.processes.get_mut(&pid) {
@@ -495,47 +541,243 @@ impl Runtime {
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
         let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
-        // Memory check: what the process brings back must fit next to what is resident.
-        let cfg = world.config();
-        for g in &cfg.gpus {
-            let need: u64 = entry
-                .checkpointed
-                .iter()
-                .filter(|c| target(c.uuid.0) == g.uuid.0)
-                .map(|c| c.bytes)
-                .sum();
-            if need == 0 {
-                continue;
-            }
-            let used = state.resident_bytes(g.uuid.0, Some(pid));
-            if used + need > g.capacity_bytes() {
-                return Err(CUresult::ERROR_OUT_OF_MEMORY);
-            }
-        }
+        // What the process brings back to each GPU of this host.
+        let need: Vec<CheckpointedGpu> = world
+            .config()
+            .gpus
+            .iter()
+            .map(|g| CheckpointedGpu {
+                uuid: g.uuid,
+                chip: g.chip.clone(),
+                bytes: entry
+                    .checkpointed
+                    .iter()
+                    .filter(|c| target(c.uuid.0) == g.uuid.0)
+                    .map(|c| c.bytes)
+                    .sum(),
+            })
+            .filter(|c| c.bytes > 0)
+            .collect();
+        // Claim the memory first, atomically with the check that it fits next to what is
+        // resident (and what other restores claimed): the driver allocates before it copies.
+        world
+            .update(|st| {
+                st.release_dead_claims(crate::ffi::sys::has_restore_thread);
+                for n in &need {
+                    let cap = world
+                        .config()
+                        .gpu(n.uuid.0)
+                        .map_or(0, |g| g.capacity_bytes());
+                    if st.resident_bytes(n.uuid.0, Some(pid)) + n.bytes > cap {
+                        return Err(CUresult::ERROR_OUT_OF_MEMORY);
+                    }
+                }
+                if let Some(e) = st.processes.get_mut(&pid) {
+                    e.reserved = need.clone();
+                }
+                Ok(())
+            })
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)??;
+        let release = || {
+            let _ = world.update(|st| {
+                if let Some(e) = st.processes.get_mut(&pid) {
+                    e.reserved.clear();
+                }
+            });
+        };
+        let parts: Vec<(GpuUuid, u64)> = need.iter().map(|n| (n.uuid.0, n.bytes)).collect();
+        self.transfer(world, Direction::Restore, &parts);
         let saved = std::mem::take(&mut *self.saved.lock().unwrap_or_else(|p| p.into_inner()));
         for s in &saved {
             let path = world.devmem_path(pid, s.alloc.id);
             if std::fs::write(&path, &s.data).is_err() {
                 *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = saved;
+                release();
                 return Err(CUresult::ERROR_OPERATING_SYSTEM);
             }
         }
-        world
-            .update(|st| {
-                if let Some(e) = st.processes.get_mut(&pid) {
-                    for a in &mut e.allocations {
-                        a.gpu = GpuUuidText(target(a.gpu.0));
-                    }
-                    for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
-                        *d = GpuUuidText(target(d.0));
-                    }
-                    e.checkpointed.clear();
+        let committed = world.update(|st| {
+            if let Some(e) = st.processes.get_mut(&pid) {
+                for a in &mut e.allocations {
+                    a.gpu = GpuUuidText(target(a.gpu.0));
                 }
-            })
-            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+                for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
+                    *d = GpuUuidText(target(d.0));
+                }
+                e.checkpointed.clear();
+                e.reserved.clear();
+            }
+        });
+        if committed.is_err() {
+            release();
+            return Err(CUresult::ERROR_OPERATING_SYSTEM);
+        }
         *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) =
             crate::ffi::sys::open_gpu_handle();
         Ok(())
+    }
+
+    /// Takes the time moving `parts` (GPU, bytes) needs under the world's time model,
+    /// publishing progress while it runs (module [`crate::world::transfers`]). A checkpoint
+    /// whose staged bytes come to exceed the host's free memory ends the process as the
+    /// kernel's OOM killer would (SIGKILL), at the moment they do.
+    fn transfer(&self, world: &World, direction: Direction, parts: &[(GpuUuid, u64)]) {
+        let parts: Vec<(GpuUuid, u64)> = parts.iter().copied().filter(|p| p.1 > 0).collect();
+        if parts.is_empty() {
+            return;
+        }
+        let cfg = world.config();
+        let limits = Limits::of(&cfg.rates);
+        let scale = cfg.rates.time_scale;
+        let host_memory = match direction {
+            Direction::Checkpoint => cfg.host.memory_bytes(),
+            Direction::Restore => None,
+        };
+        let total: u64 = parts.iter().map(|p| p.1).sum();
+        let alone = rates::duration(
+            rates::simulate(std::slice::from_ref(&parts), &limits)[0],
+            scale,
+        );
+        if alone < INSTANT {
+            if let Some(mem) = host_memory {
+                let room = mem.saturating_sub(self.staged_elsewhere(world, &[]));
+                if total > room {
+                    self.oom_kill(world, total, room);
+                }
+            }
+            std::thread::sleep(alone);
+            return;
+        }
+        let mut progress = Progress {
+            pid: self.pid,
+            restore_tid: self.restore_tid(),
+            request: self.request.load(SeqCst),
+            direction,
+            gpus: parts
+                .iter()
+                .map(|&(g, b)| GpuProgress {
+                    uuid: GpuUuidText(g),
+                    total: b,
+                    moved: 0,
+                })
+                .collect(),
+        };
+        let mut moved: Vec<f64> = vec![0.0; parts.len()];
+        let _ = world.write_progress(&progress);
+        let mut last = Instant::now();
+        let mut published = last;
+        loop {
+            let others: Vec<Progress> = world
+                .transfers()
+                .into_iter()
+                .filter(|p| p.pid != self.pid)
+                .collect();
+            let mut all: Vec<Part<i32, GpuUuid>> = others
+                .iter()
+                .flat_map(|p| {
+                    p.gpus.iter().filter(|g| g.active()).map(|g| Part {
+                        process: p.pid,
+                        gpu: g.uuid.0,
+                    })
+                })
+                .collect();
+            let first_mine = all.len();
+            let mine: Vec<usize> = (0..parts.len())
+                .filter(|&k| progress.gpus[k].active())
+                .collect();
+            all.extend(mine.iter().map(|&k| Part {
+                process: self.pid,
+                gpu: parts[k].0,
+            }));
+            let shares = rates::share(&all, &limits);
+            let my_rates = &shares[first_mine..];
+            // Modelled seconds until the next part finishes, or the staged bytes fill the host.
+            let mut next = mine
+                .iter()
+                .zip(my_rates)
+                .map(|(&k, r)| (parts[k].1 as f64 - moved[k]) / r)
+                .fold(f64::INFINITY, f64::min);
+            let room = host_memory.map(|m| m.saturating_sub(self.staged_elsewhere(world, &others)));
+            if let Some(room) = room {
+                let staged = progress.staged();
+                if staged > room {
+                    self.oom_kill(world, total, room);
+                }
+                if total > room {
+                    next = next.min((room - staged) as f64 / my_rates.iter().sum::<f64>());
+                }
+            }
+            std::thread::sleep(TICK.min(rates::duration(next, scale)));
+            let now = Instant::now();
+            let dt = now.duration_since(last).as_secs_f64() * scale;
+            last = now;
+            for (&k, r) in mine.iter().zip(my_rates) {
+                let cap = parts[k].1 as f64;
+                moved[k] = (moved[k] + r * dt).min(cap);
+                // The last part of a byte counts as moved: no tick waits for a rounding error.
+                progress.gpus[k].moved = if cap - moved[k] < 1.0 {
+                    parts[k].1
+                } else {
+                    moved[k] as u64
+                };
+            }
+            if let Some(room) = room {
+                if progress.staged() > room {
+                    self.oom_kill(world, total, room);
+                }
+            }
+            if progress.gpus.iter().all(|g| !g.active()) {
+                break;
+            }
+            if now.duration_since(published) >= PUBLISH {
+                let _ = world.write_progress(&progress);
+                published = now;
+            }
+        }
+        // Done: the entry stays (with nothing left to move) until the request is answered.
+        let _ = world.write_progress(&progress);
+    }
+
+    /// Host memory held by other processes' checkpoints: transfers in progress (`running`,
+    /// read by the caller; empty: read here) and checkpointed processes that are alive (a
+    /// dumped process that CRIU ended holds none; its image does).
+    fn staged_elsewhere(&self, world: &World, running: &[Progress]) -> u64 {
+        let fresh;
+        let running = if running.is_empty() {
+            fresh = world.transfers();
+            &fresh[..]
+        } else {
+            running
+        };
+        let mut sum: u64 = running
+            .iter()
+            .filter(|p| p.pid != self.pid)
+            .map(Progress::staged)
+            .sum();
+        if let Ok(st) = world.read_state() {
+            for (pid, e) in &st.processes {
+                let transferring = running.iter().any(|p| p.pid == *pid);
+                if *pid != self.pid
+                    && !transferring
+                    && e.state() == CUprocessState::CHECKPOINTED
+                    && crate::ffi::sys::has_restore_thread(*pid, e.restore_tid)
+                {
+                    sum += e.checkpointed.iter().map(|c| c.bytes).sum::<u64>();
+                }
+            }
+        }
+        sum
+    }
+
+    /// Ends the process as the kernel's OOM killer does: SIGKILL, nothing unwinds. The staged
+    /// checkpoint was charged to this process's memory, so it is the one the kernel picks.
+    fn oom_kill(&self, world: &World, need: u64, room: u64) -> ! {
+        eprintln!(
+            "mock-libcuda: Out of memory: Killed process {} (its checkpoint needs {need} bytes of host memory; {room} were free)",
+            self.pid
+        );
+        world.remove_progress(self.pid);
+        crate::ffi::sys::crash(Some("SIGKILL"))
     }
 }
 

@@ -63,7 +63,17 @@ pub struct TestWorld {
 
 impl TestWorld {
     pub fn new(config_text: &str) -> TestWorld {
-        let dir = tempfile::tempdir().unwrap();
+        // In memory where the host has a tmpfs: a disk busy with other builds can stall a file
+        // write for seconds, longer than the short request timeouts of these tests.
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::Builder::new()
+                .prefix("mock-world-")
+                .tempdir_in(shm)
+                .unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        };
         let cfg = WorldConfig::parse(config_text, "test").unwrap();
         let world = World::create(dir.path(), &cfg, &mock_so()).unwrap();
         std::env::set_var("MOCK_CUDA_WORLD", dir.path());
@@ -107,6 +117,11 @@ impl TestWorld {
             "the workload to report READY",
         );
         pid
+    }
+
+    /// Waits for the `n`th workload to end; its exit status.
+    pub fn wait(&mut self, n: usize) -> std::process::ExitStatus {
+        self.apps[n].wait().unwrap()
     }
 
     /// The report file of the `n`th workload.

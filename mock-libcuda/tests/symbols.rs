@@ -40,7 +40,12 @@ fn old_drivers_lack_the_checkpoint_entry_points_and_worlds_hide_any_symbol() {
     assert!(!dlsym_finds(&lib, "cuCheckpointProcessUnlock"));
     assert!(!dlsym_finds(&lib, "cuDeviceGetUuid_v2"));
     assert!(dlsym_finds(&lib, "cuDeviceGetUuid"));
-    let names = mock_libcuda::elf::exported_names(&std::fs::read(&lib).unwrap()).unwrap();
+    let image = std::fs::read(&lib).unwrap();
+    assert_eq!(
+        mock_libcuda::elf::soname(&image).unwrap().as_deref(),
+        Some("libcuda.so.1")
+    );
+    let names = mock_libcuda::elf::exported_names(&image).unwrap();
     for s in mock_libcuda::ffi::EXPORTED_SYMBOLS {
         let hidden = ["cuCheckpointProcessUnlock", "cuDeviceGetUuid_v2"].contains(s);
         assert_eq!(names.iter().any(|n| n == s), !hidden, "{s}");

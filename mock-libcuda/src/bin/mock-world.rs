@@ -1,13 +1,14 @@
 //! `mock-world`: creates and inspects mock CUDA worlds.
 //!
 //! ```text
-//! mock-world init DIR --config world.toml [--lib libmock_libcuda.so]
-//! mock-world configure DIR --config world.toml [--lib libmock_libcuda.so]
+//! mock-world init DIR --config world.toml [--lib libmock_libcuda.so] [--nvml-lib libmock_nvml.so]
+//! mock-world configure DIR --config world.toml [--lib libmock_libcuda.so] [--nvml-lib …]
 //! mock-world status DIR [--json]
 //! mock-world trace DIR
 //! mock-world check CONFIG
 //! ```
 
+use abi::CUprocessState;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use mock_libcuda::world::config::WorldConfig;
@@ -23,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Create (or reset) a world: config, fresh state and trace, and lib/libcuda.so.1.
+    /// Create (or reset) a world: config, fresh state and trace, lib/libcuda.so.1 and (unless
+    /// the config says `[nvml] present = false`) lib/libnvidia-ml.so.1.
     Init {
         dir: PathBuf,
         /// The world's config (world.toml format).
@@ -33,6 +35,10 @@ enum Cmd {
         /// this program).
         #[arg(long)]
         lib: Option<PathBuf>,
+        /// The built NVML stand-in (default: $MOCK_NVML_SO, else libmock_nvml.so next to this
+        /// program; when there is none, the world has no NVML and a warning says so).
+        #[arg(long)]
+        nvml_lib: Option<PathBuf>,
     },
     /// Replace the config of an existing world, keeping its state and trace (e.g. to add a
     /// fault naming a process that runs in it).
@@ -43,6 +49,9 @@ enum Cmd {
         /// The built mock library, needed when the hidden symbols change (default as for init).
         #[arg(long)]
         lib: Option<PathBuf>,
+        /// The built NVML stand-in (default as for init).
+        #[arg(long)]
+        nvml_lib: Option<PathBuf>,
     },
     /// Print the CUDA processes of a world.
     Status {
@@ -56,24 +65,48 @@ enum Cmd {
     Check { config: PathBuf },
 }
 
+/// The newest of `name` next to this program and in its `deps/` (`cargo test` refreshes
+/// `deps/` but not the copy next to the binaries).
+fn next_to_me(name: &str) -> Result<Option<PathBuf>> {
+    let exe = std::env::current_exe().context("locating mock-world")?;
+    let dir = exe.parent().context("mock-world has no directory")?;
+    Ok([dir.join(name), dir.join("deps").join(name)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p))
+}
+
 fn default_lib() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("MOCK_LIBCUDA_SO") {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().context("locating mock-world")?;
-    let dir = exe.parent().context("mock-world has no directory")?;
-    // `cargo test` refreshes deps/ but not the copy next to the binaries: take the newest.
-    let newest = [
-        dir.join("libmock_libcuda.so"),
-        dir.join("deps").join("libmock_libcuda.so"),
-    ]
-    .into_iter()
-    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-    .max();
-    if let Some((_, p)) = newest {
+    if let Some(p) = next_to_me("libmock_libcuda.so")? {
         return Ok(p);
     }
-    bail!("cannot find libmock_libcuda.so next to {} (build the mock-libcuda crate, or pass --lib / set MOCK_LIBCUDA_SO)", exe.display())
+    bail!("cannot find libmock_libcuda.so next to mock-world (build the mock-libcuda crate, or pass --lib / set MOCK_LIBCUDA_SO)")
+}
+
+/// The NVML stand-in to install: `--nvml-lib`, `$MOCK_NVML_SO`, or the one next to this
+/// program; `None` when the config wants none, or none was built.
+fn nvml_lib(given: Option<PathBuf>, cfg: &WorldConfig) -> Result<Option<PathBuf>> {
+    if !cfg.nvml.present {
+        return Ok(None);
+    }
+    let from_env = std::env::var_os("MOCK_NVML_SO").filter(|v| !v.is_empty());
+    if let Some(p) = given.or_else(|| from_env.map(PathBuf::from)) {
+        return Ok(Some(p));
+    }
+    next_to_me("libmock_nvml.so")
+}
+
+/// Says that a world that should have NVML has none.
+fn warn_no_nvml(w: &World) {
+    eprintln!(
+        "mock-world: warning: no libmock_nvml.so next to mock-world: {} has no {} (build the mock-nvml crate, pass --nvml-lib, or say [nvml] present = false)",
+        w.dir().display(),
+        mock_libcuda::world::NVML_LIB
+    );
 }
 
 fn read_config(path: &Path) -> Result<WorldConfig> {
@@ -84,13 +117,23 @@ fn read_config(path: &Path) -> Result<WorldConfig> {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Init { dir, config, lib } => {
+        Cmd::Init {
+            dir,
+            config,
+            lib,
+            nvml_lib: nvml,
+        } => {
             let cfg = read_config(&config)?;
             let lib = match lib {
                 Some(l) => l,
                 None => default_lib()?,
             };
             let w = World::create(&dir, &cfg, &lib)?;
+            match nvml_lib(nvml, &cfg)? {
+                Some(so) => w.install_nvml(Some(&so))?,
+                None if cfg.nvml.present => warn_no_nvml(&w),
+                None => {}
+            }
             println!(
                 "world {}: driver r{} ({}), cuDriverGetVersion {}, {} GPU(s), {} fault(s)",
                 w.dir().display(),
@@ -101,10 +144,26 @@ fn main() -> Result<()> {
                 cfg.faults.len()
             );
         }
-        Cmd::Configure { dir, config, lib } => {
+        Cmd::Configure {
+            dir,
+            config,
+            lib,
+            nvml_lib: nvml,
+        } => {
             let cfg = read_config(&config)?;
             let lib = lib.or_else(|| default_lib().ok());
-            World::reconfigure(&dir, &cfg, lib.as_deref())?;
+            let w = World::reconfigure(&dir, &cfg, lib.as_deref())?;
+            match nvml_lib(nvml, &cfg)? {
+                Some(so) => w.install_nvml(Some(&so))?,
+                None if !cfg.nvml.present => w.install_nvml(None)?,
+                // The library init installed stays.
+                None if w
+                    .dir()
+                    .join("lib")
+                    .join(mock_libcuda::world::NVML_LIB)
+                    .exists() => {}
+                None => warn_no_nvml(&w),
+            }
             println!(
                 "world {}: config replaced ({} fault(s))",
                 dir.display(),
@@ -114,23 +173,46 @@ fn main() -> Result<()> {
         Cmd::Status { dir, json } => {
             let w = World::open(&dir)?;
             let st = w.read_state()?;
+            let transfers = w.transfers();
             if json {
-                println!("{}", serde_json::to_string_pretty(&st)?);
+                // The state file, plus the transfers in progress.
+                let mut v = serde_json::to_value(&st)?;
+                v["transfers"] = serde_json::to_value(&transfers)?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!(
-                    "{:>8} {:>8} {:<13} {:>7} {:>12}  gpus",
-                    "pid", "tid", "state", "allocs", "bytes"
+                    "{:>8} {:>8} {:<13} {:>7} {:>15} {:>15}  gpus",
+                    "pid", "tid", "state", "allocs", "bytes", "staged"
                 );
                 for (pid, e) in &st.processes {
                     let bytes: u64 = e.allocations.iter().map(|a| a.size).sum();
                     let gpus: Vec<String> = e.contexts.iter().map(|g| g.0.to_string()).collect();
+                    let transfer = transfers.iter().find(|t| t.pid == *pid);
+                    // Host memory the process's checkpoint holds: what a transfer in progress
+                    // has staged so far, all of it once checkpointed.
+                    let staged = match transfer {
+                        Some(t) => t.staged(),
+                        None if e.state() == CUprocessState::CHECKPOINTED => {
+                            e.checkpointed.iter().map(|c| c.bytes).sum()
+                        }
+                        None => 0,
+                    };
                     println!(
-                        "{pid:>8} {:>8} {:<13} {:>7} {bytes:>12}  {}",
+                        "{pid:>8} {:>8} {:<13} {:>7} {bytes:>15} {staged:>15}  {}",
                         e.restore_tid,
                         e.state().to_string(),
                         e.allocations.len(),
                         gpus.join(",")
                     );
+                    if let Some(t) = transfer {
+                        println!(
+                            "{:>8} {} in progress: {} of {} bytes moved",
+                            "",
+                            t.direction,
+                            t.moved(),
+                            t.total()
+                        );
+                    }
                 }
             }
         }

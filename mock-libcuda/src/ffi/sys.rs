@@ -1,40 +1,13 @@
-//! Operating-system helpers: file locks, process facts from `/proc`, signals, and the GPU
-//! handle (a descriptor CRIU refuses to dump).
+//! Operating-system helpers: process facts from `/proc`, signals, the GPU handle (a
+//! descriptor CRIU refuses to dump) and the mailbox doorbell. The helpers the world itself needs
+//! (file locks, liveness, `crash`) live in `mock-cuda-world` and are re-exported here.
 
-use std::fs::File;
+pub use mock_cuda_world::ffi::crash;
+pub use mock_cuda_world::sys::{alive, has_restore_thread, stopped, FileLock};
+
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// An exclusive `flock(2)` on a file, released on drop.
-#[derive(Debug)]
-pub struct FileLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
-
-impl FileLock {
-    /// Takes the lock, retrying until `deadline`. `Err(None)` means the deadline passed.
-    pub fn acquire(path: &Path, deadline: Instant) -> Result<FileLock, Option<std::io::Error>> {
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(Some)?;
-        loop {
-            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-                Ok(l) => return Ok(FileLock(l)),
-                Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {
-                    if Instant::now() >= deadline {
-                        return Err(None);
-                    }
-                    file = f;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err((_, e)) => return Err(Some(std::io::Error::from(e))),
-            }
-        }
-    }
-}
 
 /// The calling thread's id.
 #[must_use]
@@ -48,27 +21,6 @@ pub fn tgid_of(id: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{id}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
     line["Tgid:".len()..].trim().parse().ok()
-}
-
-/// True when `pid` exists and is not a zombie.
-#[must_use]
-pub fn alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
-    !matches!(state, None | Some("Z" | "X"))
-}
-
-/// True when `tid` is a live thread of `pid` named like a CUDA restore thread (`cuda…`, not
-/// `cuda-EvtHandlr`): the mark of the same CUDA process, also after CRIU restored it (start
-/// times are not preserved by a restore), and never true for a process that reused the pid.
-#[must_use]
-pub fn has_restore_thread(pid: i32, tid: i32) -> bool {
-    alive(pid)
-        && alive(tid)
-        && std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-            .is_ok_and(|c| c.starts_with("cuda") && !c.starts_with("cuda-"))
 }
 
 /// The restore thread of `pid`, found by its name, when the process has one.
@@ -90,27 +42,6 @@ pub fn kill_and_wait(pid: i32, limit: Duration) {
     while alive(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-/// Crashes the calling process with `signal` (default SIGSEGV), as a driver bug would.
-pub fn crash(signal: Option<&str>) -> ! {
-    use std::str::FromStr;
-    let sig = signal
-        .and_then(|s| {
-            let s = s.to_ascii_uppercase();
-            let s = if s.starts_with("SIG") {
-                s
-            } else {
-                format!("SIG{s}")
-            };
-            nix::sys::signal::Signal::from_str(&s).ok()
-        })
-        .unwrap_or(nix::sys::signal::Signal::SIGSEGV);
-    // Make sure the default action runs even if the host installed a handler.
-    // SAFETY: resetting a signal disposition to SIG_DFL has no memory-safety preconditions.
-    let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
-    let _ = nix::sys::signal::raise(sig);
-    std::process::abort()
 }
 
 /// Opens the GPU handle: a userfaultfd, a descriptor type CRIU refuses to dump ("Can't dump

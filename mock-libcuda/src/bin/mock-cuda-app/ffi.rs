@@ -20,6 +20,7 @@ pub struct Driver {
     alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
     htod: unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult,
     dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult,
+    memset: unsafe extern "C" fn(u64, u8, usize) -> CuResult,
 }
 
 fn check(what: &str, r: CuResult) -> Result<()> {
@@ -55,6 +56,7 @@ impl Driver {
             alloc: sym!("cuMemAlloc_v2"),
             htod: sym!("cuMemcpyHtoD_v2"),
             dtoh: sym!("cuMemcpyDtoH_v2"),
+            memset: sym!("cuMemsetD8_v2"),
             _lib: lib,
         })
     }
@@ -100,11 +102,19 @@ impl Driver {
         Ok(u)
     }
 
-    pub fn alloc(&self, bytes: usize) -> Result<u64> {
+    pub fn alloc(&self, bytes: u64) -> Result<u64> {
+        let bytes = usize::try_from(bytes).context("allocation size")?;
         let mut p = 0u64;
         // SAFETY: valid out-pointer.
         check("cuMemAlloc", unsafe { (self.alloc)(&mut p, bytes) })?;
         Ok(p)
+    }
+
+    /// Sets `bytes` bytes at `dptr` to `value`.
+    pub fn memset(&self, dptr: u64, value: u8, bytes: u64) -> Result<()> {
+        let bytes = usize::try_from(bytes).context("memset size")?;
+        // SAFETY: plain value arguments.
+        check("cuMemsetD8", unsafe { (self.memset)(dptr, value, bytes) })
     }
 
     pub fn upload(&self, dptr: u64, data: &[u8]) -> Result<()> {

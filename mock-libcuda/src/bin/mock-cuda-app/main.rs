@@ -14,6 +14,19 @@
 //! `--children N` starts N copies of itself as child processes (with `--children 0`),
 //! `--cpu-only` never touches CUDA (for mixed trees), `--threads N` adds worker threads that
 //! keep calling into the driver.
+//!
+//! Sizes: `--kib K` allocates K KiB per GPU and writes and checks every byte. `--gib G` (a
+//! decimal, e.g. `0.5`, `80`, `141`) allocates G GiB per GPU, sets all of it with one
+//! `cuMemsetD8` to a value of the allocation, writes a pattern into 16 windows of 1 KiB spread
+//! over it, and checks the windows and a probe of the set value between each two: a few KiB
+//! of real data that still tell the allocations apart, which is what a mock world stores of a
+//! virtual allocation (and what a real GPU checks in microseconds). Its background checks
+//! take one window and one probe at a time, in turn; SIGUSR1 and SIGTERM check them all.
+//!
+//! `--kernel-ms MS` keeps a "kernel" in flight: a thread calls `cuCtxSynchronize` in a loop,
+//! and the process's environment gets `MOCK_CUDA_KERNEL_MS=MS`, with which the mock driver
+//! keeps each of those calls inside its API gate for MS milliseconds (a lock waits for it). On
+//! a real driver no kernel is launched and the option has no effect.
 
 mod ffi;
 
@@ -35,9 +48,15 @@ struct Args {
     /// Device ordinals to allocate on, comma-separated.
     #[arg(long, default_value = "0", value_delimiter = ',')]
     gpus: Vec<i32>,
-    /// KiB allocated on each GPU.
-    #[arg(long, default_value_t = 256)]
+    /// KiB allocated on each GPU (every byte written and checked).
+    #[arg(long, default_value_t = 256, conflicts_with = "gib")]
     kib: usize,
+    /// GiB allocated on each GPU (a decimal): set with one memset, a pattern in 16 windows.
+    #[arg(long, value_parser = parse_gib)]
+    gib: Option<f64>,
+    /// Keep a kernel of this many milliseconds in flight (see the module documentation).
+    #[arg(long)]
+    kernel_ms: Option<u64>,
     /// Extra worker threads that keep calling into the driver.
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -58,8 +77,63 @@ struct Args {
     check_ms: u64,
 }
 
-fn pattern(alloc: usize, i: usize) -> u8 {
-    ((i as u64 * 131 + alloc as u64 * 17 + 7) % 251) as u8
+fn parse_gib(s: &str) -> Result<f64, String> {
+    let g: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of GiB"))?;
+    if !(g.is_finite() && g > 0.0 && g * GIB as f64 >= 1.0) {
+        return Err(format!(
+            "{s}: the size must be positive (at least one byte)"
+        ));
+    }
+    Ok(g)
+}
+
+const GIB: u64 = 1 << 30;
+/// Windows of pattern in a `--gib` allocation, and their size.
+const WINDOWS: u64 = 16;
+const WINDOW: u64 = 1024;
+/// Bytes of the set value checked between two windows.
+const PROBE: u64 = 64;
+/// The environment variable the mock driver reads for `--kernel-ms`.
+const KERNEL_MS_ENV: &str = "MOCK_CUDA_KERNEL_MS";
+
+/// The byte at offset `i` of allocation `alloc` (the pattern the workload writes).
+fn pattern(alloc: usize, i: u64) -> u8 {
+    ((i * 131 + alloc as u64 * 17 + 7) % 251) as u8
+}
+
+/// The value a `--gib` allocation is set to outside its windows.
+fn fill(alloc: usize) -> u8 {
+    0x5a ^ (alloc as u8).wrapping_mul(37)
+}
+
+/// What a workload writes into each allocation and checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Every byte is pattern.
+    Whole,
+    /// A memset of the whole allocation, then pattern windows.
+    Windows,
+}
+
+/// A range of an allocation: (offset, length).
+type Range = (u64, u64);
+
+/// The windows of an allocation of `bytes`: the range of each pattern window, and of each
+/// probe of the set value between two windows.
+fn windows(bytes: u64) -> (Vec<Range>, Vec<Range>) {
+    let step = (bytes - WINDOW) / (WINDOWS - 1);
+    let wins: Vec<Range> = (0..WINDOWS).map(|j| ((step * j) & !63, WINDOW)).collect();
+    let probes = wins
+        .windows(2)
+        .filter_map(|p| {
+            let gap_start = p[0].0 + p[0].1;
+            let gap = p[1].0.checked_sub(gap_start)?;
+            (gap >= PROBE).then(|| (gap_start + (gap - PROBE) / 2, PROBE))
+        })
+        .collect();
+    (wins, probes)
 }
 
 fn uuid_text(u: &[u8; 16]) -> String {
@@ -78,42 +152,99 @@ struct Workload {
     driver: Driver,
     /// (context, device pointer) per GPU.
     allocs: Vec<(usize, u64)>,
-    bytes: usize,
+    bytes: u64,
+    layout: Layout,
 }
 
 impl Workload {
     fn start(args: &Args) -> Result<Workload> {
         let driver = Driver::load()?;
         driver.init()?;
-        let bytes = args.kib * 1024;
+        let (bytes, layout) = match args.gib {
+            Some(g) => {
+                let bytes = (g * GIB as f64).round() as u64;
+                // Too small for 16 windows with room between them: write it whole.
+                if bytes < 2 * WINDOWS * WINDOW {
+                    (bytes, Layout::Whole)
+                } else {
+                    (bytes, Layout::Windows)
+                }
+            }
+            None => (args.kib as u64 * 1024, Layout::Whole),
+        };
         let mut allocs = Vec::new();
         for (k, &ordinal) in args.gpus.iter().enumerate() {
             let ctx = driver
                 .context(ordinal)
                 .with_context(|| format!("GPU ordinal {ordinal}"))?;
             let dptr = driver.alloc(bytes)?;
-            let data: Vec<u8> = (0..bytes).map(|i| pattern(k, i)).collect();
-            driver.upload(dptr, &data)?;
+            match layout {
+                Layout::Whole => {
+                    let data: Vec<u8> = (0..bytes).map(|i| pattern(k, i)).collect();
+                    driver.upload(dptr, &data)?;
+                }
+                Layout::Windows => {
+                    driver.memset(dptr, fill(k), bytes)?;
+                    for (off, len) in windows(bytes).0 {
+                        let data: Vec<u8> = (off..off + len).map(|i| pattern(k, i)).collect();
+                        driver.upload(dptr + off, &data)?;
+                    }
+                }
+            }
             allocs.push((ctx, dptr));
         }
         Ok(Workload {
             driver,
             allocs,
             bytes,
+            layout,
         })
     }
 
-    fn verify(&self) -> Result<()> {
-        let mut buf = vec![0u8; self.bytes];
+    /// Checks `len` bytes at `off` of allocation `k` against `expect(i)`.
+    fn check(
+        &self,
+        k: usize,
+        dptr: u64,
+        (off, len): Range,
+        expect: impl Fn(u64) -> u8,
+    ) -> Result<()> {
+        let mut buf = vec![0u8; len as usize];
+        self.driver.download(dptr + off, &mut buf)?;
+        if let Some(i) = (0..len).find(|&i| buf[i as usize] != expect(off + i)) {
+            anyhow::bail!(
+                "GPU data of allocation {k} differs at byte {}: {} != {}",
+                off + i,
+                buf[i as usize],
+                expect(off + i)
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks the data: all of it, or (`round = Some(n)`, the background checks) every byte
+    /// of a whole allocation but only window and probe `n` (rotating) of a windowed one.
+    fn verify(&self, round: Option<u64>) -> Result<()> {
         for (k, &(ctx, dptr)) in self.allocs.iter().enumerate() {
             self.driver.set_current(ctx)?;
-            self.driver.download(dptr, &mut buf)?;
-            if let Some(i) = (0..self.bytes).find(|&i| buf[i] != pattern(k, i)) {
-                anyhow::bail!(
-                    "GPU data of allocation {k} differs at byte {i}: {} != {}",
-                    buf[i],
-                    pattern(k, i)
-                );
+            match self.layout {
+                Layout::Whole => self.check(k, dptr, (0, self.bytes), |i| pattern(k, i))?,
+                Layout::Windows => {
+                    let (wins, probes) = windows(self.bytes);
+                    let wanted =
+                        |j: usize, n: usize| round.is_none_or(|r| j as u64 == r % n as u64);
+                    let (nw, np) = (wins.len(), probes.len());
+                    for (j, w) in wins.into_iter().enumerate() {
+                        if wanted(j, nw) {
+                            self.check(k, dptr, w, |i| pattern(k, i))?;
+                        }
+                    }
+                    for (j, p) in probes.into_iter().enumerate() {
+                        if wanted(j, np) {
+                            self.check(k, dptr, p, |_| fill(k))?;
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -147,6 +278,10 @@ fn report(args: &Args, line: &str) {
 
 fn main() {
     let args = Args::parse();
+    if let Some(ms) = args.kernel_ms {
+        // Read by the mock driver; set before the driver is loaded and any thread starts.
+        std::env::set_var(KERNEL_MS_ENV, ms.to_string());
+    }
     let pid = std::process::id();
     if let Err(e) = run(&args, pid) {
         report(&args, &format!("FAIL pid={pid} reason={e:#}"));
@@ -165,6 +300,8 @@ fn run(args: &Args, pid: u32) -> Result<()> {
     for _ in 0..args.children {
         let exe = std::env::current_exe().context("locating mock-cuda-app")?;
         let mut cmd = std::process::Command::new(exe);
+        // Children keep a kernel in flight only when their own options say so.
+        cmd.env_remove(KERNEL_MS_ENV);
         match &args.child_args {
             Some(a) => {
                 cmd.args(a.split_whitespace());
@@ -177,10 +314,14 @@ fn run(args: &Args, pid: u32) -> Result<()> {
                         .collect::<Vec<_>>()
                         .join(","),
                 );
-                cmd.arg("--kib")
-                    .arg(args.kib.to_string())
-                    .arg("--threads")
-                    .arg(args.threads.to_string());
+                match args.gib {
+                    Some(g) => cmd.arg("--gib").arg(g.to_string()),
+                    None => cmd.arg("--kib").arg(args.kib.to_string()),
+                };
+                cmd.arg("--threads").arg(args.threads.to_string());
+                if let Some(ms) = args.kernel_ms {
+                    cmd.arg("--kernel-ms").arg(ms.to_string());
+                }
             }
         }
         if let Some(r) = &args.report {
@@ -200,6 +341,21 @@ fn run(args: &Args, pid: u32) -> Result<()> {
                 std::thread::sleep(Duration::from_millis(5));
             })?;
     }
+    if args.kernel_ms.is_some() {
+        if let Some(w) = workload.clone() {
+            std::thread::Builder::new()
+                .name("kernel".to_owned())
+                .spawn(move || loop {
+                    if let Some(&(ctx, _)) = w.allocs.first() {
+                        let _ = w.driver.set_current(ctx);
+                        // Each call is a kernel of --kernel-ms in flight (see the module docs).
+                        if w.driver.synchronize().is_err() {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                    }
+                })?;
+        }
+    }
     let gpus = match &workload {
         Some(w) => w.gpus()?,
         None => String::new(),
@@ -215,14 +371,14 @@ fn run(args: &Args, pid: u32) -> Result<()> {
     loop {
         std::thread::sleep(Duration::from_millis(args.check_ms));
         if let Some(w) = &workload {
-            w.verify()?;
+            w.verify(Some(checks))?;
             checks += 1;
         }
         let stop = ffi::STOP.load(Ordering::SeqCst);
         if ffi::VERIFY.swap(false, Ordering::SeqCst) || stop {
             let gpus = match &workload {
                 Some(w) => {
-                    w.verify()?;
+                    w.verify(None)?;
                     checks += 1;
                     w.gpus()?
                 }
@@ -239,6 +395,48 @@ fn run(args: &Args, pid: u32) -> Result<()> {
                 let _ = c.wait();
             }
             return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_and_probes_lie_inside_apart_and_in_order() {
+        for bytes in [2 * WINDOWS * WINDOW, 1 << 20, 80 * GIB, 141 * GIB + 12345] {
+            let (wins, probes) = windows(bytes);
+            assert_eq!(wins.len() as u64, WINDOWS);
+            assert_eq!(wins[0].0, 0);
+            let mut all: Vec<Range> = wins.iter().chain(&probes).copied().collect();
+            all.sort_unstable();
+            for pair in all.windows(2) {
+                assert!(
+                    pair[0].0 + pair[0].1 <= pair[1].0,
+                    "{bytes}: {pair:?} overlap"
+                );
+            }
+            let last = all.last().unwrap();
+            assert!(last.0 + last.1 <= bytes, "{bytes}: {last:?} is outside");
+            assert!(
+                bytes - (last.0 + last.1) < WINDOW + 64,
+                "the last window ends near the end"
+            );
+            assert_eq!(
+                probes.len() as u64,
+                WINDOWS - 1,
+                "{bytes}: a probe in every gap"
+            );
+        }
+    }
+
+    #[test]
+    fn sizes_in_gib_must_be_positive() {
+        assert_eq!(parse_gib("0.5"), Ok(0.5));
+        assert_eq!(parse_gib("141"), Ok(141.0));
+        for bad in ["0", "-1", "nan", "inf", "1e-12", "many"] {
+            assert!(parse_gib(bad).is_err(), "{bad}");
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The world: a directory, named by [`WORLD_ENV`], shared by every process that loads the mock
-//! (CRIU with the plugin, the `cuda-checkpoint` utility, the workloads).
+//! `mock-cuda-world`: the world of the mock CUDA driver (`mock-libcuda`) and the NVML stand-in
+//! (`mock-nvml`): a directory, named by [`WORLD_ENV`], shared by every process that loads
+//! either (CRIU with the plugin, the `cuda-checkpoint` utility, the workloads).
 //!
 //! ```text
 //! <world>/world.toml        scripted config (driver, GPUs, faults)          -> config.rs
@@ -7,18 +8,78 @@
 //! <world>/state.lock        flock(2) target serialising state updates
 //! <world>/trace.log         one line per driver call                        -> trace.rs
 //! <world>/lib/libcuda.so.1  the mock, with hidden symbols removed from its dynamic table
+//! <world>/lib/libnvidia-ml.so.1  the NVML stand-in (unless `[nvml] present = false`)
 //! <world>/devmem/           device memory of RUNNING/LOCKED processes, one file per allocation
 //! <world>/mailbox/<pid>/    requests to a target's restore thread
+//! <world>/transfers/        checkpoints and restores in progress            -> transfers.rs
 //! ```
 
 pub mod config;
+pub mod elf;
 pub mod faults;
+pub mod ffi;
+pub mod rates;
 pub mod state;
+pub mod sys;
 pub mod trace;
+pub mod transfers;
 
-use crate::world::config::WorldConfig;
+use crate::config::WorldConfig;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+/// Every driver symbol the mock `libcuda.so.1` exports (what a world can hide; what a world
+/// removes from its copy of the NVML stand-in, which links the same world code).
+pub const DRIVER_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetUuid",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceGetName",
+    "cuDeviceTotalMem",
+    "cuDeviceTotalMem_v2",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuGetExportTable",
+    "cuCheckpointProcessGetRestoreThreadId",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+    "cuCtxCreate",
+    "cuCtxCreate_v2",
+    "cuCtxDestroy",
+    "cuCtxDestroy_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxSynchronize",
+    "cuMemAlloc",
+    "cuMemAlloc_v2",
+    "cuMemFree",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD",
+    "cuMemcpyDtoD_v2",
+    "cuMemsetD8",
+    "cuMemsetD8_v2",
+    "cuMemGetInfo",
+    "cuMemGetInfo_v2",
+];
+
+/// File name of the NVML stand-in in a world's `lib/`.
+pub const NVML_LIB: &str = "libnvidia-ml.so.1";
 
 /// Environment variable naming the world directory.
 pub const WORLD_ENV: &str = "MOCK_CUDA_WORLD";
@@ -45,7 +106,8 @@ pub enum WorldError {
 }
 
 impl WorldError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> WorldError {
+    /// An I/O error about `path`.
+    pub fn io(path: &Path, source: std::io::Error) -> WorldError {
         WorldError::Io {
             path: path.display().to_string(),
             source,
@@ -96,11 +158,12 @@ impl World {
 
     /// Creates (or re-creates) a world at `dir` from `config`: writes `world.toml`, a fresh
     /// state and trace, and `lib/libcuda.so.1` made from the mock library at `mock_so` with the
-    /// world's hidden symbols removed from its dynamic symbol table.
+    /// world's hidden symbols removed from its dynamic symbol table. The NVML stand-in is
+    /// installed separately ([`World::install_nvml`]).
     pub fn create(dir: &Path, config: &WorldConfig, mock_so: &Path) -> Result<World, WorldError> {
         let io = |p: &Path, e| WorldError::io(p, e);
         std::fs::create_dir_all(dir.join("lib")).map_err(|e| io(dir, e))?;
-        for sub in ["devmem", "mailbox"] {
+        for sub in ["devmem", "mailbox", "transfers"] {
             let p = dir.join(sub);
             if p.exists() {
                 std::fs::remove_dir_all(&p).map_err(|e| io(&p, e))?;
@@ -116,15 +179,21 @@ impl World {
         let trace = dir.join("trace.log");
         std::fs::write(&trace, b"").map_err(|e| io(&trace, e))?;
         let image = std::fs::read(mock_so).map_err(|e| io(mock_so, e))?;
-        let hidden: Vec<&str> = crate::ffi::EXPORTED_SYMBOLS
+        let hidden: Vec<&str> = DRIVER_SYMBOLS
             .iter()
             .copied()
             .filter(|s| !config.driver.exports(s))
             .collect();
-        let patched = crate::elf::hide_dynamic_symbols(&image, &hidden)
+        let patched = elf::hide_dynamic_symbols(&image, &hidden)
             .map_err(|e| WorldError::Library(format!("{}: {e}", mock_so.display())))?;
         let lib = dir.join("lib").join("libcuda.so.1");
         write_atomic(&lib, &patched)?;
+        // A fresh world has NVML only once `install_nvml` puts it there.
+        let nvml = dir.join("lib").join(NVML_LIB);
+        match std::fs::remove_file(&nvml) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&nvml, e)),
+            _ => {}
+        }
         World::open(dir)
     }
 
@@ -141,7 +210,7 @@ impl World {
         let cfg_path = dir.join("world.toml");
         WorldConfig::parse(&text, &cfg_path.display().to_string())?;
         let hidden = |c: &WorldConfig| -> Vec<&str> {
-            crate::ffi::EXPORTED_SYMBOLS
+            DRIVER_SYMBOLS
                 .iter()
                 .copied()
                 .filter(|s| !c.driver.exports(s))
@@ -152,12 +221,43 @@ impl World {
                 WorldError::Library("the new config hides other symbols: the mock library is needed to rebuild lib/libcuda.so.1".into())
             })?;
             let image = std::fs::read(so).map_err(|e| WorldError::io(so, e))?;
-            let patched = crate::elf::hide_dynamic_symbols(&image, &hidden(config))
+            let patched = elf::hide_dynamic_symbols(&image, &hidden(config))
                 .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
             write_atomic(&dir.join("lib").join("libcuda.so.1"), &patched)?;
         }
         write_atomic(&cfg_path, text.as_bytes())?;
         World::open(dir)
+    }
+
+    /// Installs `lib/libnvidia-ml.so.1` from the NVML stand-in at `nvml_so` when the config
+    /// says `[nvml] present = true`, or removes it when it says `false` (`nvml_so` is then not
+    /// read). The copy leaves out of its dynamic symbol table any driver symbol the stand-in
+    /// might export, so `libnvidia-ml.so.1` serves NVML only.
+    pub fn install_nvml(&self, nvml_so: Option<&Path>) -> Result<(), WorldError> {
+        let lib = self.dir.join("lib").join(NVML_LIB);
+        if !self.config.nvml.present {
+            return match std::fs::remove_file(&lib) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(WorldError::io(&lib, e)),
+                _ => Ok(()),
+            };
+        }
+        let so = nvml_so.ok_or_else(|| {
+            WorldError::Library(format!(
+                "the config has [nvml] present = true, but no NVML stand-in (libmock_nvml.so) was given for {}",
+                lib.display()
+            ))
+        })?;
+        let image = std::fs::read(so).map_err(|e| WorldError::io(so, e))?;
+        let exported = elf::exported_names(&image)
+            .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
+        let driver: Vec<&str> = DRIVER_SYMBOLS
+            .iter()
+            .copied()
+            .filter(|s| exported.iter().any(|e| e == s))
+            .collect();
+        let patched = elf::hide_dynamic_symbols(&image, &driver)
+            .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
+        write_atomic(&lib, &patched)
     }
 
     /// The world directory.
@@ -172,32 +272,40 @@ impl World {
         &self.config
     }
 
-    pub(crate) fn state_path(&self) -> PathBuf {
+    /// The world's `state` file.
+    #[must_use]
+    pub fn state_path(&self) -> PathBuf {
         self.dir.join("state.json")
     }
 
-    pub(crate) fn lock_path(&self) -> PathBuf {
+    /// The world's `lock` file.
+    #[must_use]
+    pub fn lock_path(&self) -> PathBuf {
         self.dir.join("state.lock")
     }
 
-    pub(crate) fn trace_path(&self) -> PathBuf {
+    /// The world's `trace` file.
+    #[must_use]
+    pub fn trace_path(&self) -> PathBuf {
         self.dir.join("trace.log")
     }
 
     /// The file holding one device allocation of a RUNNING or LOCKED process.
-    pub(crate) fn devmem_path(&self, pid: i32, alloc: u64) -> PathBuf {
+    #[must_use]
+    pub fn devmem_path(&self, pid: i32, alloc: u64) -> PathBuf {
         self.dir.join("devmem").join(format!("{pid}-{alloc}.bin"))
     }
 
     /// The mailbox of a target's restore thread.
-    pub(crate) fn mailbox_dir(&self, pid: i32) -> PathBuf {
+    #[must_use]
+    pub fn mailbox_dir(&self, pid: i32) -> PathBuf {
         self.dir.join("mailbox").join(pid.to_string())
     }
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
 /// partial file.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WorldError> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WorldError> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, bytes).map_err(|e| WorldError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| WorldError::io(path, e))

@@ -102,6 +102,55 @@ pub fn exported_names(image: &[u8]) -> Result<Vec<String>, ElfError> {
         .collect())
 }
 
+/// The `DT_SONAME` of an image (the name the dynamic loader knows it by), if it has one.
+pub fn soname(image: &[u8]) -> Result<Option<String>, ElfError> {
+    if image.len() < 64 || &image[..4] != b"\x7fELF" || image[4] != 2 || image[5] != 1 {
+        return Err(ElfError::NotElf64);
+    }
+    let shoff = usize_of(u64_at(image, 0x28)?)?;
+    let shentsize = usize::from(u16_at(image, 0x3a)?);
+    let shnum = usize::from(u16_at(image, 0x3c)?);
+    const SHT_DYNAMIC: u32 = 6;
+    const DT_NULL: u64 = 0;
+    const DT_SONAME: u64 = 14;
+    let header = |i: usize| -> Result<(u32, usize, usize, u32), ElfError> {
+        let h = shoff + i * shentsize;
+        Ok((
+            u32_at(image, h + 4)?,
+            usize_of(u64_at(image, h + 0x18)?)?,
+            usize_of(u64_at(image, h + 0x20)?)?,
+            u32_at(image, h + 0x28)?,
+        ))
+    };
+    let Some((_, off, size, link)) = (0..shnum)
+        .map(header)
+        .find(|s| matches!(s, Ok((SHT_DYNAMIC, ..))))
+        .transpose()?
+    else {
+        return Ok(None);
+    };
+    let (_, str_off, str_size, _) = header(link as usize)?;
+    for e in (off..off + size).step_by(16) {
+        match u64_at(image, e)? {
+            DT_NULL => break,
+            DT_SONAME => {
+                let name = usize_of(u64_at(image, e + 8)?)?;
+                let start = str_off + name;
+                let text = image
+                    .get(start..str_off + str_size)
+                    .ok_or(ElfError::Malformed("SONAME outside .dynstr"))?;
+                let end = text
+                    .iter()
+                    .position(|&b| b == 0)
+                    .ok_or(ElfError::Malformed("unterminated name"))?;
+                return Ok(Some(String::from_utf8_lossy(&text[..end]).into_owned()));
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
 /// A copy of `image` in which the dynamic symbols `hidden` can no longer be found.
 pub fn hide_dynamic_symbols(image: &[u8], hidden: &[&str]) -> Result<Vec<u8>, ElfError> {
     let syms = dynamic_symbols(image)?;

@@ -47,3 +47,18 @@ impl World {
         })
     }
 }
+
+impl World {
+    /// Blocks until `file` (relative to the world) exists, or forever without one: what a
+    /// `hang` fault does to the call it fires on.
+    pub fn hang(&self, file: Option<&str>) {
+        loop {
+            if let Some(f) = file {
+                if self.dir().join(f).exists() {
+                    return;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}

@@ -60,6 +60,11 @@ pub struct ProcessEntry {
     pub allocations: Vec<Allocation>,
     /// GPUs whose state was checkpointed (set while CHECKPOINTED), with their chips.
     pub checkpointed: Vec<CheckpointedGpu>,
+    /// Device memory a restore in progress has claimed on the GPUs it restores onto (empty
+    /// otherwise): counted as resident, so concurrent restores and allocations cannot
+    /// over-commit a GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved: Vec<CheckpointedGpu>,
 }
 
 impl ProcessEntry {
@@ -75,8 +80,13 @@ impl ProcessEntry {
 #[serde(deny_unknown_fields)]
 pub struct Allocation {
     pub id: u64,
+    /// Size in bytes (the logical size of a virtual allocation).
     pub size: u64,
     pub gpu: GpuUuidText,
+    /// A virtual allocation (larger than `memory.real_mib`): its file holds the stored form of
+    /// `mock_libcuda::devmem::Sparse`, not its bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sampled: bool,
 }
 
 /// A GPU a checkpoint holds state of.
@@ -90,19 +100,37 @@ pub struct CheckpointedGpu {
 
 impl StateFile {
     /// Device memory resident on `gpu`: the allocations of RUNNING and LOCKED processes
-    /// (a checkpointed process holds none), leaving out `except`.
+    /// (a checkpointed process holds none) and what restores in progress claimed, leaving
+    /// out `except`. Sizes are logical (a virtual allocation counts in full).
     #[must_use]
     pub fn resident_bytes(&self, gpu: abi::GpuUuid, except: Option<i32>) -> u64 {
-        self.processes
+        let others = self
+            .processes
             .iter()
-            .filter(|(pid, e)| {
-                Some(**pid) != except
-                    && matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
-            })
+            .filter(|(pid, _)| Some(**pid) != except);
+        let allocated: u64 = others
+            .clone()
+            .filter(|(_, e)| matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED))
             .flat_map(|(_, e)| e.allocations.iter())
             .filter(|a| a.gpu.0 == gpu)
             .map(|a| a.size)
-            .sum()
+            .sum();
+        let claimed: u64 = others
+            .flat_map(|(_, e)| e.reserved.iter())
+            .filter(|r| r.uuid.0 == gpu)
+            .map(|r| r.bytes)
+            .sum();
+        allocated + claimed
+    }
+
+    /// Drops the claims of restores whose process is gone (killed mid-restore): the memory
+    /// they claimed is free again. `alive(pid, restore_tid)` tells whether one runs.
+    pub fn release_dead_claims(&mut self, alive: impl Fn(i32, i32) -> bool) {
+        for (pid, e) in &mut self.processes {
+            if !e.reserved.is_empty() && !alive(*pid, e.restore_tid) {
+                e.reserved.clear();
+            }
+        }
     }
 
     /// Reads and validates a state file.
@@ -159,10 +187,10 @@ impl World {
         StateFile::load(&self.state_path())
     }
 
-    fn lock_state(&self) -> Result<crate::ffi::sys::FileLock, WorldError> {
+    fn lock_state(&self) -> Result<crate::sys::FileLock, WorldError> {
         let path = self.lock_path();
         let deadline = Instant::now() + LOCK_TIMEOUT;
-        crate::ffi::sys::FileLock::acquire(&path, deadline).map_err(|e| match e {
+        crate::sys::FileLock::acquire(&path, deadline).map_err(|e| match e {
             None => WorldError::LockTimeout {
                 path: path.display().to_string(),
                 ms: LOCK_TIMEOUT.as_millis() as u64,

@@ -1,0 +1,68 @@
+//! Process facts from `/proc` and file locks: what the world needs to know about the processes
+//! in it (all safe code).
+
+use std::fs::File;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// An exclusive `flock(2)` on a file, released on drop.
+#[derive(Debug)]
+pub struct FileLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
+
+impl FileLock {
+    /// Takes the lock, retrying until `deadline`. `Err(None)` means the deadline passed.
+    pub fn acquire(path: &Path, deadline: Instant) -> Result<FileLock, Option<std::io::Error>> {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(Some)?;
+        loop {
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(l) => return Ok(FileLock(l)),
+                Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {
+                    if Instant::now() >= deadline {
+                        return Err(None);
+                    }
+                    file = f;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err((_, e)) => return Err(Some(std::io::Error::from(e))),
+            }
+        }
+    }
+}
+
+/// True when `pid` exists and is not a zombie.
+#[must_use]
+pub fn alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+    !matches!(state, None | Some("Z" | "X"))
+}
+
+/// True when thread `tid` of `pid` is stopped (SIGSTOP, a ptrace stop): it makes no progress
+/// until someone resumes it.
+#[must_use]
+pub fn stopped(pid: i32, tid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+        return false;
+    };
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+    matches!(state, Some("T" | "t"))
+}
+
+/// True when `tid` is a live thread of `pid` named like a CUDA restore thread (`cuda…`, not
+/// `cuda-EvtHandlr`): the mark of the same CUDA process, also after CRIU restored it (start
+/// times are not preserved by a restore), and never true for a process that reused the pid.
+#[must_use]
+pub fn has_restore_thread(pid: i32, tid: i32) -> bool {
+    alive(pid)
+        && alive(tid)
+        && std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+            .is_ok_and(|c| c.starts_with("cuda") && !c.starts_with("cuda-"))
+}
