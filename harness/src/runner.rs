@@ -877,6 +877,14 @@ impl Exec<'_> {
         Ok((before, after, false))
     }
 
+    /// `[host] memory_gib` of the scenario's world, if it models the host's memory.
+    fn world_host_memory_gib(&self) -> Option<u64> {
+        let t = self.s.world.as_ref()?.get("host")?.get("memory_gib")?;
+        t.as_integer()
+            .and_then(|g| u64::try_from(g).ok())
+            .or_else(|| t.as_float().map(|f| f as u64))
+    }
+
     /// The arguments a CRIU step adds for its `criu_timeout` and `action_script`.
     fn criu_step_args(&self, c: &mut Command, step: &Step) -> Result<(), String> {
         if let Some(t) = step.criu_timeout {
@@ -997,6 +1005,14 @@ impl Exec<'_> {
             label = "criu";
         }
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        // The plugin sizes the host by MemAvailable; it sees the world's modelled host instead
+        // of this machine: `[host] memory_gib`, else a host of 1 TiB (the world's host memory
+        // is unlimited by default), so that outcomes and snapshots do not depend on where the
+        // corpus runs.
+        c.env(
+            "CRIU_CUDA_MEM_AVAILABLE_GIB",
+            self.world_host_memory_gib().unwrap_or(1024).to_string(),
+        );
         c.envs(&step.env);
         c.env("TP_LOG", &tp_log);
         c.env_remove("CRIU_LIBS_DIR").env_remove("CRIU_FAULT");

@@ -110,6 +110,15 @@ pub enum EngineError {
          (kill -CONT {pid}) and dump again"
     )]
     Stopped { pid: Pid, tid: Tid, state: char },
+    #[error(
+        "PAUSE_DEVICES pid {pid}: the tree's CUDA tasks hold {} of GPU memory (NVML), which their \
+         checkpoints stage in host memory, but the host has only {} available (MemAvailable): \
+         the dump would get a task OOM-killed halfway; refusing before any task is locked \
+         (cuda_plugin.check-capacity=off overrides)",
+        crate::nvml::gib(*need),
+        crate::nvml::gib(*available)
+    )]
+    HostTooSmall { pid: Pid, need: u64, available: u64 },
     #[error("CHECKPOINT_DEVICES pid {pid}: failed to add cuda_plugin to the inventory: {cause}")]
     Inventory { pid: Pid, cause: HostError },
     #[error("{step} pid {pid}: task image: {cause}")]
@@ -182,6 +191,33 @@ pub struct EngineConfig {
     /// Restore: the host only logs a failed RESUME_DEVICES_LATE and releases the task anyway
     /// (CRIU 4.1 and 4.2), so [`EngineConfig::on_restore_failure`] applies.
     pub late_errors_ignored: bool,
+    /// `check-capacity=off`: no host-memory check at dump.
+    pub skip_capacity_check: bool,
+    /// The copy rate (bytes/s) a checkpoint's or restore's deadline assumes; 0: the default.
+    pub min_copy_rate: f64,
+}
+
+impl EngineConfig {
+    fn copy_rate(&self) -> f64 {
+        if self.min_copy_rate > 0.0 {
+            self.min_copy_rate
+        } else {
+            crate::nvml::DEFAULT_MIN_COPY_RATE
+        }
+    }
+}
+
+/// What the dump learnt about sizes, once, before its first lock.
+#[derive(Debug, Default)]
+struct Sizes {
+    /// The first pid CRIU paused: the root of the tree.
+    root: Option<Pid>,
+    /// Whether the tree was surveyed (at its first CUDA task).
+    surveyed: bool,
+    /// NVML's answer, when it gave one.
+    snapshot: Option<crate::nvml::Snapshot>,
+    /// All the memory of all GPUs (the most a copy can move), once known.
+    all_gpus: Option<u64>,
 }
 
 /// How much of CRIU's freeze alarm is kept free at the end of a lock: time for undoing a lock
@@ -226,6 +262,8 @@ pub struct Engine {
     finish: Finish,
     /// Restore: the tasks RESUME_DEVICES_LATE handled (or tried to).
     resumed: BTreeSet<Pid>,
+    /// Dump: sizes.
+    sizes: Sizes,
     /// Time spent in the backend and in restore-thread control (see [`Engine::take_spent`]).
     spent: Arc<Spent>,
 }
@@ -290,6 +328,7 @@ impl Engine {
             inventory_added: false,
             finish: Finish::Pending,
             resumed: BTreeSet::new(),
+            sizes: Sizes::default(),
             spent,
         }
     }
@@ -327,6 +366,7 @@ impl Engine {
         if self.index(pid).is_some() {
             return Ok(Outcome::Handled);
         }
+        self.sizes.root.get_or_insert(pid);
         let Some(tid) = self.backend.get_restore_tid(pid).map_err(be)? else {
             self.log(
                 Level::Debug,
@@ -347,6 +387,7 @@ impl Engine {
                 if let Some(state) = self.threads.stopped(pid, tid) {
                     return Err(EngineError::Stopped { pid, tid, state });
                 }
+                self.survey(pid)?;
                 let (limits, alarm_left) = self.lock_limits(pid)?;
                 let started = std::time::Instant::now();
                 if let Err(cause) = self.backend.lock(pid, limits) {
@@ -375,6 +416,122 @@ impl Engine {
         );
         self.tasks.push(rec);
         Ok(Outcome::Handled)
+    }
+
+    /// Once per dump, before its first lock: how much GPU memory the tree holds (NVML), checked
+    /// against the host's available memory (see [`crate::nvml`]).
+    fn survey(&mut self, pid: Pid) -> Result<(), EngineError> {
+        if std::mem::replace(&mut self.sizes.surveyed, true) {
+            return Ok(());
+        }
+        let root = self.sizes.root.unwrap_or(pid);
+        let tree = self.host.tree(root);
+        let snapshot = match self.host.gpu_memory(self.cfg.timeout) {
+            Ok(s) => s,
+            Err(e) => {
+                self.log(
+                    Level::Warn,
+                    &format!(
+                        "{e}: the host-memory check is skipped, and each checkpoint's deadline \
+                         assumes it moves all the memory of all GPUs"
+                    ),
+                );
+                return Ok(());
+            }
+        };
+        let mut need = 0u64;
+        let mut holders = 0usize;
+        let mut unknown = 0usize;
+        for &p in &tree {
+            match snapshot.task_bytes(p) {
+                Some(m) if !m.is_empty() => {
+                    holders += 1;
+                    need = need.saturating_add(m.values().sum());
+                }
+                Some(_) => {}
+                None => unknown += 1,
+            }
+        }
+        let available = self.host.memory_available();
+        self.log(
+            Level::Info,
+            &format!(
+                "GPU memory of the tree (NVML): {} in {holders} process(es){}; host memory \
+                 available: {}",
+                crate::nvml::gib(need),
+                if unknown > 0 {
+                    format!(" ({unknown} more that NVML cannot account)")
+                } else {
+                    String::new()
+                },
+                available.map_or_else(|| "unknown".to_owned(), crate::nvml::gib)
+            ),
+        );
+        self.sizes.all_gpus = Some(snapshot.all_memory());
+        self.sizes.snapshot = Some(snapshot);
+        match available {
+            Some(available) if need > available && !self.cfg.skip_capacity_check => {
+                Err(EngineError::HostTooSmall {
+                    pid,
+                    need,
+                    available,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The device memory of `pid` per GPU, as NVML reported it at the survey.
+    fn task_bytes(&self, pid: Pid) -> Vec<(abi::GpuUuid, u64)> {
+        self.sizes
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.task_bytes(pid))
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// All the memory of all GPUs: NVML's, else the driver's enumeration (once).
+    fn all_gpu_bytes(&mut self) -> u64 {
+        if let Some(b) = self.sizes.all_gpus {
+            return b;
+        }
+        let b = match self.host.current_gpus(self.cfg.timeout) {
+            Ok(gpus) => gpus.iter().map(|g| g.memory_bytes).sum(),
+            Err(why) => {
+                self.log(
+                    Level::Warn,
+                    &format!("cannot size copies by the GPUs' memory ({why})"),
+                );
+                0
+            }
+        };
+        self.sizes.all_gpus = Some(b);
+        b
+    }
+
+    /// The deadline of a checkpoint or restore of `pid` moving `bytes` (unknown: all GPU
+    /// memory): the timeout plus what the bytes take at the minimum copy rate.
+    fn copy_deadline(&mut self, step: Step, pid: Pid, bytes: Option<u64>) -> Option<Duration> {
+        let (bytes, how) = match bytes {
+            Some(b) => (b, "its GPU memory"),
+            None => (
+                self.all_gpu_bytes(),
+                "all GPU memory, its own being unknown",
+            ),
+        };
+        let d = crate::nvml::copy_deadline(self.cfg.timeout, bytes, self.cfg.copy_rate());
+        if let Some(d) = d {
+            self.log(
+                Level::Debug,
+                &format!(
+                    "{step} pid {pid}: deadline {:.1} s for {} ({how})",
+                    d.as_secs_f64(),
+                    crate::nvml::gib(bytes)
+                ),
+            );
+        }
+        d
     }
 
     /// The limits of the next lock: the per-operation timeout, shortened to what is left of
@@ -512,12 +669,22 @@ impl Engine {
             return Ok(Outcome::NotMine);
         };
         let rec = self.tasks[i].clone();
+        let gpu_bytes = self.task_bytes(pid);
+        let mut checkpoint_ms = None;
         if rec.initial != CUprocessState::CHECKPOINTED {
+            let known = self
+                .sizes
+                .snapshot
+                .is_some()
+                .then(|| gpu_bytes.iter().map(|(_, b)| b).sum());
+            let deadline = self.copy_deadline(step, pid, known);
             let resumed = self.resume_thread(step, pid, rec.restore_tid)?;
             // Marked before the call: a checkpoint that reports a failure (a timeout, say) may
             // still have happened, and the rollback is state-driven anyway.
             self.tasks[i].checkpointed_by_us = true;
-            let done = self.backend.checkpoint(pid);
+            let started = std::time::Instant::now();
+            let done = self.backend.checkpoint(pid, deadline);
+            checkpoint_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
             let stopped = self.threads.restop(resumed);
             done.map_err(|cause| EngineError::Backend { step, pid, cause })?;
             stopped.map_err(|cause| EngineError::Thread { step, pid, cause })?;
@@ -526,6 +693,8 @@ impl Engine {
             pid,
             restore_tid: rec.restore_tid,
             initial_state: rec.initial,
+            gpu_bytes,
+            checkpoint_ms,
         };
         self.host
             .write_task_image(pid, &image.encode())
@@ -715,7 +884,13 @@ impl Engine {
                 (s, t) if s == t => return Ok(()),
                 (CUprocessState::CHECKPOINTED, _) => {
                     // No remapping: the GPUs are the ones it was checkpointed from.
-                    self.backend.restore(pid, &[]).map_err(be)?;
+                    let known = self
+                        .sizes
+                        .snapshot
+                        .is_some()
+                        .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
+                    let deadline = self.copy_deadline(step, pid, known);
+                    self.backend.restore(pid, &[], deadline).map_err(be)?;
                     steps.push("restored");
                     state = CUprocessState::LOCKED;
                 }
@@ -792,7 +967,7 @@ impl Engine {
     fn dump_record(&mut self, pid: Pid) -> Result<Option<TaskImage>, EngineError> {
         let step = Step::Resume;
         if let Some(list) = &self.cfg.restore_tasks {
-            return Ok(list.get(&pid).copied());
+            return Ok(list.get(&pid).cloned());
         }
         // An image from before the task list: this task's own image, if any.
         match self
@@ -815,14 +990,16 @@ impl Engine {
         if listed && record.is_none() {
             return Ok(Outcome::NotMine); // the dump's task list says: no CUDA state
         }
-        let (tid, initial) = match record {
+        let (tid, initial) = match &record {
             Some(img) if self.threads.thread_exists(pid, img.restore_tid) => {
                 (img.restore_tid, img.initial_state)
             }
             _ => match self.backend.get_restore_tid(pid).map_err(be)? {
                 Some(tid) => (
                     tid,
-                    record.map_or(CUprocessState::RUNNING, |r| r.initial_state),
+                    record
+                        .as_ref()
+                        .map_or(CUprocessState::RUNNING, |r| r.initial_state),
                 ),
                 None if listed => return Err(EngineError::NoRestoreThread { pid }),
                 None => return Ok(Outcome::NotMine),
@@ -835,19 +1012,31 @@ impl Engine {
             );
             return Ok(Outcome::Handled);
         }
+        let bytes = record.as_ref().and_then(TaskImage::total_bytes);
+        let deadline = self.copy_deadline(step, pid, bytes);
         let resumed = self.resume_thread(step, pid, tid)?;
         let pairs = self.cfg.pairs.clone();
-        let mut done = self.backend.restore(pid, &pairs).map_err(be);
+        let started = std::time::Instant::now();
+        let mut done = self.backend.restore(pid, &pairs, deadline).map_err(be);
+        let restore_ms = started.elapsed().as_millis();
         if done.is_ok() && initial == CUprocessState::RUNNING {
             done = self.backend.unlock(pid).map_err(be);
         }
         let stopped = self.threads.restop(resumed);
         done?;
         stopped.map_err(|cause| EngineError::Thread { step, pid, cause })?;
+        let size = match (bytes, record.as_ref().and_then(|r| r.checkpoint_ms)) {
+            (Some(b), Some(c)) => format!(
+                " ({} in {restore_ms} ms; its checkpoint took {c} ms)",
+                crate::nvml::gib(b)
+            ),
+            (Some(b), None) => format!(" ({} in {restore_ms} ms)", crate::nvml::gib(b)),
+            (None, _) => String::new(),
+        };
         self.log(
             Level::Info,
             &format!(
-                "pid {pid}: restored, now {}",
+                "pid {pid}: restored, now {}{size}",
                 if initial == CUprocessState::RUNNING {
                     "running"
                 } else {

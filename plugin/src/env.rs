@@ -5,6 +5,7 @@
 //! | `CRIU_PLUGIN_OPTIONS` | Plugin options when CRIU cannot hand them over (see [`crate::options`]). |
 //! | `CRIU_CUDA_FORCE_ENABLE=1` | Run even without `/proc/driver/nvidia/gpus/` (hardware-free testing; CRIU's fault 138 does the same). |
 //! | `CRIU_CUDA_PLUGIN_MAX_HOOKS=N` | Override the descriptor's `max_hooks` (1..=17) instead of reading the host's count. |
+//! | `CRIU_CUDA_MEM_AVAILABLE_GIB=N` | The host memory the dump's capacity check takes as available, in GiB, instead of `MemAvailable` of `/proc/meminfo` (to test the check at sizes this host does not have, or to keep headroom). |
 //! | `PATH` | Where `cuda-checkpoint` is looked up without `cuda-checkpoint=PATH`. |
 //!
 //! `LD_LIBRARY_PATH` is honoured implicitly: `libcuda.so.1` is opened with the normal loader search.
@@ -17,6 +18,20 @@ pub const OPTIONS: &str = crate::options::ENV_OPTIONS;
 pub const FORCE_ENABLE: &str = "CRIU_CUDA_FORCE_ENABLE";
 /// `CRIU_CUDA_PLUGIN_MAX_HOOKS`.
 pub const MAX_HOOKS: &str = "CRIU_CUDA_PLUGIN_MAX_HOOKS";
+
+/// `CRIU_CUDA_MEM_AVAILABLE_GIB`.
+pub const MEM_AVAILABLE: &str = "CRIU_CUDA_MEM_AVAILABLE_GIB";
+
+/// `CRIU_CUDA_MEM_AVAILABLE_GIB` in bytes, when set to a whole number of GiB.
+#[must_use]
+pub fn mem_available_override() -> Option<u64> {
+    std::env::var(MEM_AVAILABLE)
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1 << 30)
+}
 
 /// A snapshot of the variables above.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -41,6 +41,21 @@ pub enum PluginError {
         crate::image::file_name(*pid)
     )]
     TaskImageMissing { pid: crate::backend::Pid },
+    #[error(
+        "restore: GPU {gpu} has {} free (NVML) but the checkpointed tasks mapped onto it need {}{}: \
+         the driver would fail their restore with CUDA_ERROR_OUT_OF_MEMORY; refusing before any \
+         task is restored (free that GPU, map the tasks onto others with cuda_plugin.device-map, \
+         or cuda_plugin.check-capacity=off overrides)",
+        crate::nvml::gib(*free),
+        crate::nvml::gib(*need),
+        if *others > 0 { format!(" ({others} more GPU(s) short as well)") } else { String::new() }
+    )]
+    GpuTooSmall {
+        gpu: abi::GpuUuid,
+        need: u64,
+        free: u64,
+        others: usize,
+    },
 }
 
 fn backend_errno(e: &BackendError) -> i32 {
@@ -80,6 +95,7 @@ impl PluginError {
             PluginError::ImageRead(_)
             | PluginError::TaskImage { .. }
             | PluginError::TaskImageMissing { .. } => libc::EINVAL,
+            PluginError::GpuTooSmall { .. } => libc::ENOMEM,
             PluginError::Engine(e) => match e {
                 EngineError::Backend { cause, .. } => backend_errno(cause),
                 EngineError::Thread { cause, .. } => thread_errno(cause),
@@ -87,6 +103,7 @@ impl PluginError {
                 EngineError::FreezeTimeout { .. } => libc::ETIMEDOUT,
                 EngineError::ForeignLock { .. } => libc::EBUSY,
                 EngineError::Stopped { .. } => libc::EAGAIN,
+                EngineError::HostTooSmall { .. } => libc::ENOMEM,
                 EngineError::Inventory { .. }
                 | EngineError::GpuInventory { .. }
                 | EngineError::ImageIo { .. }

@@ -89,6 +89,15 @@ pub trait Host: Send {
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError>;
     /// CRIU's freeze alarm now.
     fn freeze_alarm(&self) -> FreezeAlarm;
+    /// NVML's view of the GPUs' memory and its users, within `limit`.
+    fn gpu_memory(
+        &mut self,
+        limit: Option<std::time::Duration>,
+    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError>;
+    /// The host's available memory (`MemAvailable`), bytes.
+    fn memory_available(&self) -> Option<u64>;
+    /// `root` and every process below it.
+    fn tree(&self, root: Pid) -> Vec<Pid>;
     /// Writes the GPU inventory image (whole file, once per dump).
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError>;
     /// The GPUs of CRIU's view (see [`crate::inventory`] for the enumeration rule), within

@@ -26,7 +26,14 @@
 //! pid 1234
 //! restore_tid 1240
 //! initial_state running
+//! gpu GPU-8932f937-d72c-4106-c12f-20bd9faed9f6 85899345920
+//! checkpoint_ms 14512
 //! ```
+//!
+//! `gpu` lines (one per GPU the task had memory on, from NVML at dump) and `checkpoint_ms` (how
+//! long its checkpoint took) are optional: a restore checks the target GPUs' free memory
+//! against them, sizes its deadline by them and reports the restore's time next to the
+//! checkpoint's. Readers ignore keys they do not know, so older plugins read these images.
 
 use crate::backend::{Pid, Tid};
 use abi::CUprocessState;
@@ -90,11 +97,35 @@ pub fn file_name(pid: Pid) -> String {
 }
 
 /// One task's record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskImage {
     pub pid: Pid,
     pub restore_tid: Tid,
     pub initial_state: CUprocessState,
+    /// Device memory per GPU at dump (NVML); empty when unknown.
+    pub gpu_bytes: Vec<(abi::GpuUuid, u64)>,
+    /// How long the checkpoint took, when this plugin did it.
+    pub checkpoint_ms: Option<u64>,
+}
+
+impl TaskImage {
+    /// A record with no sizes or times.
+    #[must_use]
+    pub fn new(pid: Pid, restore_tid: Tid, initial_state: CUprocessState) -> Self {
+        TaskImage {
+            pid,
+            restore_tid,
+            initial_state,
+            gpu_bytes: Vec::new(),
+            checkpoint_ms: None,
+        }
+    }
+
+    /// All its device memory, or `None` when unknown.
+    #[must_use]
+    pub fn total_bytes(&self) -> Option<u64> {
+        (!self.gpu_bytes.is_empty()).then(|| self.gpu_bytes.iter().map(|(_, b)| *b).sum())
+    }
 }
 
 /// Why an image file is unusable.
@@ -122,11 +153,17 @@ impl TaskImage {
             .initial_state
             .cli_word()
             .map_or_else(|| self.initial_state.0.to_string(), str::to_owned);
-        format!(
+        let mut s = format!(
             "{MAGIC}\npid {}\nrestore_tid {}\ninitial_state {state}\n",
             self.pid, self.restore_tid
-        )
-        .into_bytes()
+        );
+        for (uuid, bytes) in &self.gpu_bytes {
+            s.push_str(&format!("gpu {uuid} {bytes}\n"));
+        }
+        if let Some(ms) = self.checkpoint_ms {
+            s.push_str(&format!("checkpoint_ms {ms}\n"));
+        }
+        s.into_bytes()
     }
 
     /// Parses a file written by [`TaskImage::encode`]; unknown keys are ignored (forward
@@ -140,6 +177,8 @@ impl TaskImage {
             return Err(ImageError::Magic(crate::message::quote(first).into_owned()));
         }
         let (mut pid, mut tid, mut state) = (None, None, None);
+        let mut gpu_bytes = Vec::new();
+        let mut checkpoint_ms = None;
         for line in lines.filter(|l| !l.trim().is_empty()) {
             let (k, v) = line
                 .split_once(' ')
@@ -162,6 +201,16 @@ impl TaskImage {
                     }
                     state = Some(st);
                 }
+                "gpu" => {
+                    let (u, b) = v.split_once(' ').ok_or_else(bad)?;
+                    let uuid = abi::GpuUuid::parse(u).map_err(|_| bad())?;
+                    let bytes: u64 = b.parse().map_err(|_| bad())?;
+                    if gpu_bytes.iter().any(|(g, _)| *g == uuid) {
+                        return Err(bad());
+                    }
+                    gpu_bytes.push((uuid, bytes));
+                }
+                "checkpoint_ms" => checkpoint_ms = Some(v.parse::<u64>().map_err(|_| bad())?),
                 _ => {}
             }
         }
@@ -169,6 +218,8 @@ impl TaskImage {
             pid: pid.ok_or(ImageError::Missing("pid"))?,
             restore_tid: tid.ok_or(ImageError::Missing("restore_tid"))?,
             initial_state: state.ok_or(ImageError::Missing("initial_state"))?,
+            gpu_bytes,
+            checkpoint_ms,
         };
         if img.pid != expected {
             return Err(ImageError::Pid {
@@ -187,14 +238,10 @@ mod tests {
 
     #[test]
     fn round_trip_and_rejections() {
-        let t = TaskImage {
-            pid: 10,
-            restore_tid: 12,
-            initial_state: CUprocessState::LOCKED,
-        };
+        let t = TaskImage::new(10, 12, CUprocessState::LOCKED);
         let bytes = t.encode();
         assert!(String::from_utf8_lossy(&bytes).contains("initial_state locked"));
-        assert_eq!(TaskImage::decode(&bytes, 10), Ok(t));
+        assert_eq!(TaskImage::decode(&bytes, 10), Ok(t.clone()));
         assert_eq!(
             TaskImage::decode(&bytes, 11),
             Err(ImageError::Pid {
@@ -215,12 +262,7 @@ mod tests {
 
     #[test]
     fn damaged_images_are_named_errors() {
-        let good = TaskImage {
-            pid: 10,
-            restore_tid: 12,
-            initial_state: CUprocessState::RUNNING,
-        }
-        .encode();
+        let good = TaskImage::new(10, 12, CUprocessState::RUNNING).encode();
         assert_eq!(
             TaskImage::decode(b"", 10),
             Err(ImageError::Magic(String::new()))
@@ -251,6 +293,29 @@ mod tests {
     }
 
     #[test]
+    fn sizes_and_times_are_optional_and_checked() {
+        let mut t = TaskImage::new(5, 6, CUprocessState::RUNNING);
+        assert_eq!(t.total_bytes(), None);
+        t.gpu_bytes = vec![
+            (abi::GpuUuid([1; 16]), 80 << 30),
+            (abi::GpuUuid([2; 16]), 1),
+        ];
+        t.checkpoint_ms = Some(14_000);
+        assert_eq!(t.total_bytes(), Some((80 << 30) + 1));
+        let text = String::from_utf8(t.encode()).unwrap();
+        assert!(text.contains("gpu GPU-01010101-0101-0101-0101-010101010101 85899345920\n"));
+        assert_eq!(TaskImage::decode(text.as_bytes(), 5), Ok(t));
+        for bad in [
+            "gpu GPU-x 1",
+            "gpu GPU-01010101-0101-0101-0101-010101010101 -1",
+            "checkpoint_ms x",
+        ] {
+            let img = format!("{MAGIC}\npid 5\nrestore_tid 6\ninitial_state running\n{bad}\n");
+            assert!(TaskImage::decode(img.as_bytes(), 5).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn task_list_round_trip_and_rejections() {
         let l = TaskList {
             pids: vec![5, 77, 1234],
@@ -274,9 +339,17 @@ mod tests {
 
     proptest! {
         #[test]
-        fn encode_decode_is_identity(pid in 1i32.., tid in 1i32.., st in 0u32..3) {
+        fn encode_decode_is_identity(
+            pid in 1i32..,
+            tid in 1i32..,
+            st in 0u32..3,
+            gpus in proptest::collection::btree_map(any::<[u8; 16]>(), any::<u64>(), 0..4),
+            ms in proptest::option::of(any::<u64>()),
+        ) {
             let st = [CUprocessState::RUNNING, CUprocessState::LOCKED, CUprocessState::CHECKPOINTED][st as usize];
-            let t = TaskImage { pid, restore_tid: tid, initial_state: st };
+            let mut t = TaskImage::new(pid, tid, st);
+            t.gpu_bytes = gpus.into_iter().map(|(u, b)| (abi::GpuUuid(u), b)).collect();
+            t.checkpoint_ms = ms;
             prop_assert_eq!(TaskImage::decode(&t.encode(), pid), Ok(t));
         }
 

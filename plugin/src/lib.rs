@@ -26,6 +26,7 @@
 //! | [`gpu_map`] | `device-map`: the grammar, and its resolution against the inventory and this host's GPUs. |
 //! | [`error`] | The top-level error and its single translation to a negative errno. |
 //! | [`worker`] | Driver calls on a worker thread with a deadline, and the one rule for calls abandoned on timeout. |
+//! | [`nvml`](mod@nvml) | Sizes: GPU memory per task (NVML), host- and GPU-memory checks, deadlines that grow with the data. |
 //! | [`message`] | Keeping every message handed to CRIU short (CRIU's buffer is 8 KiB). |
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
 //!
@@ -55,6 +56,7 @@ pub mod host;
 pub mod image;
 pub mod inventory;
 pub mod message;
+pub mod nvml;
 pub mod options;
 pub mod select;
 pub mod session;

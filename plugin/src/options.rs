@@ -1,5 +1,5 @@
-//! The plugin's options: `backend`, `device-map`, `timeout`, `cuda-checkpoint` and
-//! `on-restore-failure`.
+//! The plugin's options: `backend`, `device-map`, `timeout`, `cuda-checkpoint`,
+//! `on-restore-failure`, `check-capacity` and `min-copy-rate`.
 //!
 //! Sources, in order (see [`collect`]):
 //!
@@ -131,6 +131,39 @@ pub struct Options {
     pub cuda_checkpoint: Option<PathBuf>,
     /// `on-restore-failure=` (default kill).
     pub on_restore_failure: RestoreFailure,
+    /// `check-capacity=off`: skip the host- and GPU-memory checks (default on).
+    pub skip_capacity_check: bool,
+    /// `min-copy-rate=GBPS`: the copy rate a checkpoint's or restore's deadline assumes, in
+    /// GB/s (10^9 bytes per second); `None`: [`crate::nvml::DEFAULT_MIN_COPY_RATE`].
+    pub min_copy_rate: Option<CopyRate>,
+}
+
+/// A copy rate in GB/s, as given (kept as text so that rendering round-trips).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyRate(String);
+
+impl CopyRate {
+    /// Bytes per second.
+    #[must_use]
+    pub fn bytes_per_second(&self) -> f64 {
+        self.0
+            .parse::<f64>()
+            .map_or(crate::nvml::DEFAULT_MIN_COPY_RATE, |g| g * 1e9)
+    }
+
+    fn parse(v: &str) -> Option<Self> {
+        let ok = !v.is_empty()
+            && v.len() <= 16
+            && v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            && v.parse::<f64>().is_ok_and(|g| g > 0.0 && g.is_finite());
+        ok.then(|| CopyRate(v.to_owned()))
+    }
+}
+
+impl fmt::Display for CopyRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// The default per-operation timeout when neither the option nor CRIU's `opts.timeout` is known.
@@ -172,6 +205,17 @@ impl Options {
             "{NAMESPACE}.on-restore-failure={}",
             self.on_restore_failure
         ));
+        out.push(format!(
+            "{NAMESPACE}.check-capacity={}",
+            if self.skip_capacity_check {
+                "off"
+            } else {
+                "on"
+            }
+        ));
+        if let Some(r) = &self.min_copy_rate {
+            out.push(format!("{NAMESPACE}.min-copy-rate={r}"));
+        }
         out
     }
 }
@@ -211,7 +255,7 @@ pub struct OptionDoc {
 }
 
 /// Every option, for tools that list plugin options without loading the plugin's `init`.
-pub const DOCS: [OptionDoc; 5] = [
+pub const DOCS: [OptionDoc; 7] = [
     OptionDoc {
         name: c"backend",
         value_syntax: c"auto|driver-api|cuda-checkpoint",
@@ -228,7 +272,7 @@ pub const DOCS: [OptionDoc; 5] = [
         name: c"timeout",
         value_syntax: c"SECONDS",
         default_value: Some(c"CRIU's --timeout (10)"),
-        help: c"limit for each driver call or cuda-checkpoint run; 0 = none",
+        help: c"limit for each driver call or cuda-checkpoint run (a checkpoint or restore gets this plus the time its bytes take at min-copy-rate; a lock never outlasts CRIU's own --timeout); 0 = none",
     },
     OptionDoc {
         name: c"cuda-checkpoint",
@@ -242,8 +286,22 @@ pub const DOCS: [OptionDoc; 5] = [
         default_value: Some(c"kill"),
         help: c"restore only, on CRIU 4.1/4.2 (which ignore a failed late restore hook): kill a task whose GPU state could not be restored, so that the restore fails and can be retried from the intact images, or leave it locked/checkpointed for recovery by hand",
     },
+    OptionDoc {
+        name: c"check-capacity",
+        value_syntax: c"on|off",
+        default_value: Some(c"on"),
+        help: c"refuse a dump whose CUDA tasks hold more GPU memory than the host has available, and a restore onto GPUs without enough free memory, before anything is touched (needs NVML)",
+    },
+    OptionDoc {
+        name: c"min-copy-rate",
+        value_syntax: c"GBPS",
+        default_value: Some(c"1"),
+        help: c"the copy rate, in GB/s, a checkpoint's or restore's deadline assumes: timeout + bytes / rate",
+    },
 ];
 
+const ONOFF_ALLOWED: &str = "on, off";
+const RATE_ALLOWED: &str = "a positive decimal number of GB/s (e.g. 1, 0.5, 25)";
 const TIMEOUT_ALLOWED: &str = "whole seconds from 0 to 4294967295, 0 = no timeout";
 const PATH_ALLOWED: &str =
     "an absolute file path (CRIU runs the plugin in the image directory, so a relative one would \
@@ -343,6 +401,18 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, Opt
                     return Err(invalid(PATH_ALLOWED, v));
                 }
                 o.cuda_checkpoint = Some(PathBuf::from(v));
+            }
+            "check-capacity" => {
+                let v = need(ONOFF_ALLOWED)?;
+                o.skip_capacity_check = match v {
+                    "on" => false,
+                    "off" => true,
+                    _ => return Err(invalid(ONOFF_ALLOWED, v)),
+                };
+            }
+            "min-copy-rate" => {
+                let v = need(RATE_ALLOWED)?;
+                o.min_copy_rate = Some(CopyRate::parse(v).ok_or_else(|| invalid(RATE_ALLOWED, v))?);
             }
             "on-restore-failure" => {
                 let v = need(RestoreFailure::ALLOWED)?;
@@ -458,6 +528,20 @@ mod tests {
                 .on_restore_failure,
             RestoreFailure::Leave
         );
+        for bad in ["0", "-1", "x", "1e3", "", "inf"] {
+            assert!(
+                parse([format!("cuda_plugin.min-copy-rate={bad}").as_str()]).is_err(),
+                "min-copy-rate={bad}"
+            );
+        }
+        let o = parse(["cuda_plugin.min-copy-rate=2.5"]).unwrap();
+        assert_eq!(o.min_copy_rate.unwrap().bytes_per_second(), 2.5e9);
+        assert!(
+            parse(["cuda_plugin.check-capacity=off"])
+                .unwrap()
+                .skip_capacity_check
+        );
+        assert!(parse(["cuda_plugin.check-capacity=no"]).is_err());
         let long = format!("cuda_plugin.backend={}", "x".repeat(20_000));
         let m = parse([long.as_str()]).unwrap_err().to_string();
         assert!(
@@ -492,14 +576,20 @@ mod tests {
             ]),
             proptest::option::of("/[A-Za-z0-9._/-]{1,40}"),
             prop_oneof![Just(RestoreFailure::Kill), Just(RestoreFailure::Leave)],
+            any::<bool>(),
+            proptest::option::of("[1-9][0-9]{0,3}(\\.[0-9]{1,3})?"),
         )
-            .prop_map(|(backend, device_map, timeout, cc, orf)| Options {
-                backend,
-                device_map,
-                timeout,
-                cuda_checkpoint: cc.map(PathBuf::from),
-                on_restore_failure: orf,
-            })
+            .prop_map(
+                |(backend, device_map, timeout, cc, orf, skip, rate)| Options {
+                    backend,
+                    device_map,
+                    timeout,
+                    cuda_checkpoint: cc.map(PathBuf::from),
+                    on_restore_failure: orf,
+                    skip_capacity_check: skip,
+                    min_copy_rate: rate.map(CopyRate),
+                },
+            )
     }
 
     proptest! {
@@ -549,7 +639,7 @@ mod tests {
 
     #[test]
     fn published_option_metadata_names_exactly_the_parsed_options() {
-        let samples = ["auto", "0=0", "5", "/bin/true", "leave"];
+        let samples = ["auto", "0=0", "5", "/bin/true", "leave", "off", "2.5"];
         for (doc, value) in DOCS.iter().zip(samples) {
             let name = doc.name.to_str().unwrap();
             let arg = format!("--cuda_plugin.{name}={value}");

@@ -88,6 +88,11 @@ pub trait InitServices {
     fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError>;
     /// The GPUs of this host, in CRIU's view, within `limit` (`None`: no limit).
     fn current_gpus(&mut self, limit: Option<Duration>) -> Result<Vec<GpuInfo>, String>;
+    /// NVML's view of the GPUs' memory, within `limit`.
+    fn gpu_memory(
+        &mut self,
+        limit: Option<Duration>,
+    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError>;
 }
 
 /// An enabled plugin's settings.
@@ -105,7 +110,7 @@ pub struct Plan {
 #[derive(Debug)]
 pub enum Start {
     Disabled { reason: String, warn: bool },
-    Enabled(Plan),
+    Enabled(Box<Plan>),
 }
 
 fn disabled(reason: impl Into<String>) -> Result<Start, PluginError> {
@@ -198,6 +203,9 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     } else {
         None
     };
+    if let (Some(tasks), false) = (&restore_tasks, options.skip_capacity_check) {
+        check_gpu_room(tasks, &pairs, timeout, svc, &mut notes)?;
+    }
     let need_map = !pairs.is_empty();
     let path = ctx.env.path.clone();
     let program = options.cuda_checkpoint.clone();
@@ -245,7 +253,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     if restore {
         svc.inventory_consume().map_err(PluginError::Inventory)?;
     }
-    Ok(Start::Enabled(Plan {
+    Ok(Start::Enabled(Box::new(Plan {
         stage: ctx.stage,
         selected,
         cfg: EngineConfig {
@@ -256,10 +264,15 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
             restore_tasks,
             on_restore_failure: options.on_restore_failure,
             late_errors_ignored: ctx.late_errors_ignored,
+            skip_capacity_check: options.skip_capacity_check,
+            min_copy_rate: options
+                .min_copy_rate
+                .as_ref()
+                .map_or(0.0, crate::options::CopyRate::bytes_per_second),
         },
         options,
         notes,
-    }))
+    })))
 }
 
 /// Reads the dump's GPU inventory and resolves the device map against this host's GPUs, before
@@ -337,6 +350,58 @@ fn load_task_records(
     Ok(Some(out))
 }
 
+/// Before any task is restored: every target GPU must have as much free memory as the
+/// checkpointed tasks mapped onto it held at dump (their images record it).
+fn check_gpu_room(
+    tasks: &BTreeMap<Pid, TaskImage>,
+    pairs: &[GpuPair],
+    limit: Option<Duration>,
+    svc: &mut dyn InitServices,
+    notes: &mut Vec<String>,
+) -> Result<(), PluginError> {
+    let mut need: BTreeMap<abi::GpuUuid, u64> = BTreeMap::new();
+    for img in tasks.values() {
+        for &(old, bytes) in &img.gpu_bytes {
+            let target = pairs
+                .iter()
+                .find(|(o, _)| *o == old)
+                .map_or(old, |(_, n)| *n);
+            *need.entry(target).or_insert(0) += bytes;
+        }
+    }
+    if need.is_empty() {
+        return Ok(());
+    }
+    let snapshot = match svc.gpu_memory(limit) {
+        Ok(s) => s,
+        Err(e) => {
+            notes.push(format!("{e}: the GPU-memory check is skipped"));
+            return Ok(());
+        }
+    };
+    let short = crate::nvml::shortfalls(&snapshot, &need);
+    if let Some(s) = short.first() {
+        return Err(PluginError::GpuTooSmall {
+            gpu: s.gpu,
+            need: s.need,
+            free: s.free,
+            others: short.len() - 1,
+        });
+    }
+    let room: Vec<String> = need
+        .iter()
+        .map(|(g, n)| {
+            format!(
+                "{g}: {} of {} free",
+                crate::nvml::gib(*n),
+                crate::nvml::gib(snapshot.gpu(*g).map_or(0, |m| m.free))
+            )
+        })
+        .collect();
+    notes.push(format!("GPU memory needed (NVML): {}", room.join(", ")));
+    Ok(())
+}
+
 /// Builds the selected backend; driver calls run on `worker`.
 #[must_use]
 pub fn build_backend(
@@ -376,6 +441,7 @@ mod tests {
         consumed: usize,
         init_requested: Option<bool>,
         gpu_image: Option<Vec<u8>>,
+        nvml: Option<crate::nvml::Snapshot>,
         /// Other images of the dump, by name.
         images: std::collections::HashMap<String, Vec<u8>>,
         gpus: Vec<GpuInfo>,
@@ -440,6 +506,14 @@ mod tests {
             self.enumerations += 1;
             Ok(self.gpus.clone())
         }
+        fn gpu_memory(
+            &mut self,
+            _: Option<Duration>,
+        ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
+            self.nvml
+                .clone()
+                .ok_or_else(|| crate::nvml::NvmlError::Absent("no NVML in this test".into()))
+        }
     }
 
     fn ctx(stage: Stage) -> InitContext {
@@ -452,6 +526,74 @@ mod tests {
             fault: None,
             criu_timeout: Some(10),
             final_state: Some(2),
+        }
+    }
+
+    #[test]
+    fn a_restore_onto_gpus_without_room_is_refused_before_any_task() {
+        use crate::image::{file_name, TaskImage, TaskList, LIST_FILE_NAME};
+        let old = abi::GpuUuid([1; 16]);
+        let mut img = TaskImage::new(10, 11, abi::CUprocessState::RUNNING);
+        img.gpu_bytes = vec![(old, 80 << 30)];
+        let images = std::collections::HashMap::from([
+            (
+                LIST_FILE_NAME.to_owned(),
+                TaskList { pids: vec![10] }.encode(),
+            ),
+            (file_name(10), img.encode()),
+        ]);
+        let snapshot = |free: u64| crate::nvml::Snapshot {
+            gpus: vec![crate::nvml::GpuMemory {
+                uuid: old,
+                total: 81 << 30,
+                free,
+                processes: Vec::new(),
+            }],
+        };
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            images: images.clone(),
+            nvml: Some(snapshot(40 << 30)),
+            ..Default::default()
+        };
+        let e = start(&ctx(Stage::RESTORE), &mut svc).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains(&old.to_string()) && m.contains("80.0 GiB") && m.contains("40.0 GiB"),
+            "{m}"
+        );
+        assert_eq!(
+            svc.driver_probes, 0,
+            "refused before a backend is even chosen"
+        );
+        // Enough room: fine; and the check does not need NVML.
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            images: images.clone(),
+            nvml: Some(snapshot(80 << 30)),
+            ..Default::default()
+        };
+        assert!(matches!(
+            start(&ctx(Stage::RESTORE), &mut svc),
+            Ok(Start::Enabled(_))
+        ));
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            images,
+            ..Default::default()
+        };
+        match start(&ctx(Stage::RESTORE), &mut svc).unwrap() {
+            Start::Enabled(p) => assert!(
+                p.notes
+                    .iter()
+                    .any(|n| n.contains("GPU-memory check is skipped")),
+                "{:?}",
+                p.notes
+            ),
+            s @ Start::Disabled { .. } => panic!("{s:?}"),
         }
     }
 

@@ -73,6 +73,33 @@ fn parse_state(stat: &str) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
+/// `root` and every process below it, from `/proc/<pid>/task/<tid>/children` (root first,
+/// each parent before its children).
+#[must_use]
+pub fn descendants(root: Pid) -> Vec<Pid> {
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let pid = out[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for c in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<Pid>().ok())
+            {
+                if !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Whether `pid` is alive: its `/proc` entry exists and it is not a zombie (or dead).
 #[must_use]
 pub fn process_alive(pid: Pid) -> bool {
@@ -109,6 +136,21 @@ mod tests {
         let me = std::process::id() as i32;
         assert_eq!(tracer_of(me, me), Some(0), "the test process is not traced");
         assert_eq!(tracer_of(me, i32::MAX), None);
+    }
+
+    #[test]
+    fn descendants_include_children_of_every_thread() {
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let tree = descendants(me);
+        assert_eq!(tree[0], me);
+        assert!(tree.contains(&(child.id() as i32)), "{tree:?}");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(descendants(i32::MAX), vec![i32::MAX]);
     }
 
     #[test]

@@ -75,11 +75,16 @@ impl Backend for TimedBackend {
     fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError> {
         self.timed(|b| b.lock(pid, limits))
     }
-    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
-        self.timed(|b| b.checkpoint(pid))
+    fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
+        self.timed(|b| b.checkpoint(pid, deadline))
     }
-    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
-        self.timed(|b| b.restore(pid, pairs))
+    fn restore(
+        &mut self,
+        pid: Pid,
+        pairs: &[GpuPair],
+        deadline: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        self.timed(|b| b.restore(pid, pairs, deadline))
     }
     fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
         self.timed(|b| b.unlock(pid))

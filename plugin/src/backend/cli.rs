@@ -520,23 +520,18 @@ impl Backend for Cli {
         self.action(Op::Lock, pid, args, limits.wait)
     }
 
-    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
-        self.action(
-            Op::Checkpoint,
-            pid,
-            Vec::new(),
-            op_deadline(Op::Checkpoint, self.timeout),
-        )
+    fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
+        self.action(Op::Checkpoint, pid, Vec::new(), deadline)
     }
 
-    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
+    fn restore(
+        &mut self,
+        pid: Pid,
+        pairs: &[GpuPair],
+        deadline: Option<Duration>,
+    ) -> Result<(), BackendError> {
         if pairs.is_empty() {
-            return self.action(
-                Op::Restore,
-                pid,
-                Vec::new(),
-                op_deadline(Op::Restore, self.timeout),
-            );
+            return self.action(Op::Restore, pid, Vec::new(), deadline);
         }
         if !self.device_map {
             return Err(BackendError::Unsupported {
@@ -550,7 +545,7 @@ impl Backend for Cli {
             Op::Restore,
             pid,
             vec!["--device-map".to_owned(), device_map_arg(pairs)],
-            op_deadline(Op::Restore, self.timeout),
+            deadline,
         )
     }
 
@@ -701,10 +696,11 @@ pub(crate) mod tests {
         b.lock(42, LockLimits::from_timeout(Some(Duration::from_secs(3))))
             .unwrap();
         b.lock(42, LockLimits::from_timeout(None)).unwrap();
-        b.checkpoint(42).unwrap();
+        b.checkpoint(42, Some(Duration::from_secs(10))).unwrap();
         let (a, c) = (abi::GpuUuid([0xaa; 16]), abi::GpuUuid([0xbb; 16]));
-        b.restore(42, &[(a, c)]).unwrap();
-        b.restore(42, &[]).unwrap();
+        b.restore(42, &[(a, c)], Some(Duration::from_secs(10)))
+            .unwrap();
+        b.restore(42, &[], Some(Duration::from_secs(10))).unwrap();
         b.unlock(42).unwrap();
         assert_eq!(
             r.argvs(),
@@ -744,7 +740,7 @@ pub(crate) mod tests {
         assert!(m.contains("CUDA_ERROR_NOT_READY"), "{m}");
         assert!(m.contains("device not ready"), "{m}");
         r.answer_err(RunError::TimedOut(Duration::from_secs(1)));
-        assert!(b.checkpoint(5).unwrap_err().is_timeout());
+        assert!(b.checkpoint(5, None).unwrap_err().is_timeout());
         r.answer(0, "bogus");
         assert!(matches!(
             b.get_state(5).unwrap_err(),
@@ -758,7 +754,7 @@ pub(crate) mod tests {
         // An action prints nothing on success: output with exit 0 is not trusted.
         r.answer(0, "checkpointed!?\n");
         assert!(matches!(
-            b.checkpoint(5).unwrap_err(),
+            b.checkpoint(5, None).unwrap_err(),
             BackendError::BadOutput { .. }
         ));
         r.answer(0, "");
@@ -779,7 +775,7 @@ pub(crate) mod tests {
         r.answer(3, "Error: injected fault: \"initialization error\"");
         assert_eq!(b.get_restore_tid(6).unwrap(), None);
         let pair = (abi::GpuUuid([1; 16]), abi::GpuUuid([2; 16]));
-        let e = b.restore(5, &[pair]).unwrap_err();
+        let e = b.restore(5, &[pair], None).unwrap_err();
         assert!(e.to_string().contains("--device-map"), "{e}");
     }
 

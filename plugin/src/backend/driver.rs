@@ -249,15 +249,18 @@ impl Backend for DriverApi {
         DriverApi::code(op, pid, code)
     }
 
-    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
+    fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
         let op = Op::Checkpoint;
-        let code = self.call(op, pid, op_deadline(op, self.timeout), move |d| {
-            d.checkpoint(pid)
-        })?;
+        let code = self.call(op, pid, deadline, move |d| d.checkpoint(pid))?;
         DriverApi::code(op, pid, code)
     }
 
-    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
+    fn restore(
+        &mut self,
+        pid: Pid,
+        pairs: &[GpuPair],
+        deadline: Option<Duration>,
+    ) -> Result<(), BackendError> {
         if !self.initialized {
             // Restore needs an initialised driver in the caller (or persistence mode); a dump's
             // rollback restores too, so initialise lazily here rather than in the probe.
@@ -274,9 +277,7 @@ impl Backend for DriverApi {
                 new_uuid: new.to_cu(),
             })
             .collect();
-        let code = self.call(op, pid, op_deadline(op, self.timeout), move |d| {
-            d.restore(pid, &pairs)
-        })?;
+        let code = self.call(op, pid, deadline, move |d| d.restore(pid, &pairs))?;
         DriverApi::code(op, pid, code)
     }
 
@@ -481,14 +482,14 @@ pub(crate) mod tests {
         let mut b = DriverApi::new(d.clone(), None, Worker::new(Arc::new(|| {})));
         let a = abi::GpuUuid([1; 16]);
         let c = abi::GpuUuid([2; 16]);
-        b.restore(3, &[(a, c)]).unwrap();
-        b.restore(3, &[]).unwrap();
+        b.restore(3, &[(a, c)], None).unwrap();
+        b.restore(3, &[], None).unwrap();
         assert_eq!(
             d.inits.load(Ordering::SeqCst),
             1,
             "cuInit once, before the first restore"
         );
-        b.restore(3, &[(a, c)]).unwrap();
+        b.restore(3, &[(a, c)], None).unwrap();
         let seen = d.seen_pairs.lock().unwrap().clone();
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].old_uuid, a.to_cu());

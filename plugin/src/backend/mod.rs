@@ -311,10 +311,17 @@ pub trait Backend: Send {
     fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError>;
     /// RUNNING -> LOCKED, within `limits`.
     fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError>;
-    /// LOCKED -> CHECKPOINTED.
-    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError>;
-    /// CHECKPOINTED -> LOCKED, remapping GPUs by `pairs` (empty = no remapping).
-    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError>;
+    /// LOCKED -> CHECKPOINTED, waiting at most `deadline` (`None`: until it returns); the
+    /// engine sizes it by the task's bytes ([`crate::nvml::copy_deadline`]).
+    fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError>;
+    /// CHECKPOINTED -> LOCKED, remapping GPUs by `pairs` (empty = no remapping), waiting at most
+    /// `deadline`.
+    fn restore(
+        &mut self,
+        pid: Pid,
+        pairs: &[GpuPair],
+        deadline: Option<Duration>,
+    ) -> Result<(), BackendError>;
     /// LOCKED -> RUNNING.
     fn unlock(&mut self, pid: Pid) -> Result<(), BackendError>;
     /// How many external processes the backend ran so far (the CLI's executions), if any.

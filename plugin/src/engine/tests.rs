@@ -70,6 +70,14 @@ struct World {
     alarm: Option<FreezeAlarm>,
     /// The limits of every lock call, in order.
     lock_limits: Vec<LockLimits>,
+    /// The deadline of every checkpoint and restore call, in order.
+    copy_deadlines: Vec<Option<Duration>>,
+    /// What NVML says (`None`: NVML is not available).
+    nvml: Option<crate::nvml::Snapshot>,
+    /// Host memory available.
+    mem_available: Option<u64>,
+    /// How often NVML was asked.
+    nvml_queries: usize,
     /// The call abandoned by a [`FaultKind::Abandoned`] or [`FaultKind::Hung`] fault, until
     /// `settle`; true when it never returns.
     abandoned: Option<(Op, Pid, bool)>,
@@ -206,12 +214,19 @@ impl Backend for FakeBackend {
         }
         r
     }
-    fn checkpoint(&mut self, pid: Pid) -> Result<(), BackendError> {
+    fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
+        self.0.lock().unwrap().copy_deadlines.push(deadline);
         self.op(Op::Checkpoint, pid, |t| {
             transition(t, CUprocessState::LOCKED, CUprocessState::CHECKPOINTED)
         })
     }
-    fn restore(&mut self, pid: Pid, pairs: &[GpuPair]) -> Result<(), BackendError> {
+    fn restore(
+        &mut self,
+        pid: Pid,
+        pairs: &[GpuPair],
+        deadline: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        self.0.lock().unwrap().copy_deadlines.push(deadline);
         let n = pairs.len();
         self.0
             .lock()
@@ -381,6 +396,25 @@ impl Host for FakeHost {
     }
     fn freeze_alarm(&self) -> FreezeAlarm {
         self.0.lock().unwrap().alarm.unwrap_or(FreezeAlarm::Unknown)
+    }
+    fn gpu_memory(
+        &mut self,
+        _: Option<Duration>,
+    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
+        let mut w = self.0.lock().unwrap();
+        w.nvml_queries += 1;
+        w.nvml
+            .clone()
+            .ok_or_else(|| crate::nvml::NvmlError::Absent("no NVML here".into()))
+    }
+    fn memory_available(&self) -> Option<u64> {
+        self.0.lock().unwrap().mem_available
+    }
+    fn tree(&self, root: Pid) -> Vec<Pid> {
+        let w = self.0.lock().unwrap();
+        let mut v: Vec<Pid> = w.tasks.keys().copied().filter(|&p| p >= root).collect();
+        v.sort_unstable();
+        v
     }
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
         let mut w = self.0.lock().unwrap();
@@ -853,11 +887,7 @@ fn resume_failures_are_errors_and_the_thread_is_stopped_again() {
 #[test]
 fn a_recorded_tid_that_no_longer_exists_is_reprobed() {
     let (w, mut e) = restored_world([CUprocessState::RUNNING; 2], true);
-    let img = TaskImage {
-        pid: 100,
-        restore_tid: 9999,
-        initial_state: CUprocessState::LOCKED,
-    };
+    let img = TaskImage::new(100, 9999, CUprocessState::LOCKED);
     w.lock().unwrap().images.insert(100, img.encode());
     e.resume_devices_late(100).unwrap();
     let calls = w.lock().unwrap().calls.clone();
@@ -1393,5 +1423,109 @@ fn a_listed_task_without_a_restore_thread_is_an_error_not_someone_else_s() {
     assert!(
         matches!(err, EngineError::NoRestoreThread { pid: 100 }),
         "{err}"
+    );
+}
+
+fn nvml_with(gib_per_task: u64) -> crate::nvml::Snapshot {
+    crate::nvml::Snapshot {
+        gpus: vec![crate::nvml::GpuMemory {
+            uuid: abi::GpuUuid([7; 16]),
+            total: 141 << 30,
+            free: 1 << 30,
+            processes: vec![
+                (100, Some(gib_per_task << 30)),
+                (101, Some(gib_per_task << 30)),
+            ],
+        }],
+    }
+}
+
+#[test]
+fn a_tree_that_would_not_fit_in_host_memory_is_refused_before_any_lock() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    {
+        let mut g = w.lock().unwrap();
+        g.nvml = Some(nvml_with(40));
+        g.mem_available = Some(64 << 30);
+    }
+    let mut e = engine(&w, EngineConfig::default());
+    let err = e.pause_devices(100).unwrap_err();
+    let m = err.to_string();
+    assert!(matches!(err, EngineError::HostTooSmall { .. }), "{m}");
+    assert!(
+        m.contains("80.0 GiB") && m.contains("64.0 GiB") && m.contains("check-capacity=off"),
+        "{m}"
+    );
+    assert!(lock_calls(&w).is_empty(), "refused before any lock");
+    // The check can be turned off; and it runs once per dump.
+    let w = world([CUprocessState::RUNNING; 2]);
+    {
+        let mut g = w.lock().unwrap();
+        g.nvml = Some(nvml_with(40));
+        g.mem_available = Some(64 << 30);
+    }
+    let mut e = engine(
+        &w,
+        EngineConfig {
+            skip_capacity_check: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(criu_dump(&w, &mut e).0, 0);
+    assert_eq!(w.lock().unwrap().nvml_queries, 1);
+}
+
+#[test]
+fn copy_deadlines_grow_with_the_task_s_memory_and_images_record_it() {
+    let timeout = Some(Duration::from_secs(10));
+    let w = world([CUprocessState::RUNNING; 2]);
+    {
+        let mut g = w.lock().unwrap();
+        g.nvml = Some(nvml_with(80));
+        g.mem_available = Some(1 << 40);
+    }
+    let mut e = engine(
+        &w,
+        EngineConfig {
+            timeout,
+            ..Default::default()
+        },
+    );
+    assert_eq!(criu_dump(&w, &mut e).0, 0);
+    let g = w.lock().unwrap();
+    // 80 GiB at 1 GB/s: 10 s + 85.9 s.
+    for d in &g.copy_deadlines {
+        let d = d.unwrap();
+        assert!(
+            d > Duration::from_secs(95) && d < Duration::from_secs(97),
+            "{d:?}"
+        );
+    }
+    let img = TaskImage::decode(&g.images[&100], 100).unwrap();
+    assert_eq!(img.gpu_bytes, vec![(abi::GpuUuid([7; 16]), 80 << 30)]);
+    assert!(img.checkpoint_ms.is_some());
+    drop(g);
+    // Without NVML a copy is bounded by all the GPUs' memory (here one 80 GiB GPU).
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(
+        &w,
+        EngineConfig {
+            timeout,
+            min_copy_rate: 8e9,
+            ..Default::default()
+        },
+    );
+    assert_eq!(criu_dump(&w, &mut e).0, 0);
+    let g = w.lock().unwrap();
+    let d = g.copy_deadlines[0].unwrap();
+    assert!(
+        d > Duration::from_secs(20) && d < Duration::from_secs(21),
+        "{d:?}"
+    );
+    let logs: Vec<_> = g.logs.iter().map(|(_, m)| m.clone()).collect();
+    assert!(
+        logs.iter()
+            .any(|m| m.contains("the host-memory check is skipped")),
+        "{logs:?}"
     );
 }

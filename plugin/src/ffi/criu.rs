@@ -490,6 +490,23 @@ impl Host for CriuHost {
         freeze_alarm()
     }
 
+    fn gpu_memory(
+        &mut self,
+        limit: Option<Duration>,
+    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
+        crate::ffi::nvml::snapshot_within(&self.worker, limit)
+    }
+
+    fn memory_available(&self) -> Option<u64> {
+        crate::env::mem_available_override().or_else(|| {
+            crate::nvml::parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+        })
+    }
+
+    fn tree(&self, root: Pid) -> Vec<Pid> {
+        crate::thread::descendants(root)
+    }
+
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
         write_image(crate::inventory::FILE_NAME, data)
     }

@@ -75,6 +75,8 @@ static OPTION_META: [CrPluginOptionMeta; crate::options::DOCS.len()] = [
     option_meta(2),
     option_meta(3),
     option_meta(4),
+    option_meta(5),
+    option_meta(6),
 ];
 
 /// `CR_PLUGIN_OPTIONS_META`: the plugin's options, for tools that list them without calling
@@ -218,6 +220,12 @@ impl InitServices for RealServices {
         limit: Option<Duration>,
     ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
         cuda::enumerate_gpus_within(&self.worker, limit)
+    }
+    fn gpu_memory(
+        &mut self,
+        limit: Option<Duration>,
+    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
+        super::nvml::snapshot_within(&self.worker, limit)
     }
 }
 

@@ -5,6 +5,7 @@
 //! | [`exports`] | `CR_PLUGIN_DESC`, the `.init_array` constructor that clamps `max_hooks`, and the `extern "C"` entry points, each under one panic guard |
 //! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (`print_on_level`, the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |
 //! | [`cuda`] | `libcuda.so.1` opened with libloading, and the driver calls |
+//! | [`nvml`] | `libnvidia-ml.so.1` opened with libloading: GPU memory and its processes |
 //! | [`ptrace`] | resuming and re-stopping one traced thread |
 //! | [`spawn`] | marking inherited descriptors close-on-exec in `cuda-checkpoint` children |
 //!
@@ -14,6 +15,7 @@
 pub mod criu;
 pub mod cuda;
 pub mod exports;
+pub mod nvml;
 pub mod ptrace;
 pub mod spawn;
 
