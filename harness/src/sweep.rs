@@ -183,7 +183,7 @@ pub enum Fault {
     PluginFails,
     /// The post-dump action script fails ([`LATE_CALLS`]).
     ScriptFails,
-    /// The task's image is damaged between the dump and the restore ([`IMAGE_CALL`]).
+    /// The task's image is damaged between the dump and the restore ([`IMAGE_CALLS`]).
     Image(ImageDamage),
 }
 
@@ -719,7 +719,7 @@ impl Run<'_> {
         for (i, s) in scripts.iter().enumerate() {
             std::fs::write(self.dir.join(format!("task{i}.sh")), s).map_err(|e| e.to_string())?;
         }
-        self.root_child = Some(spawn_root(&self.dir, &self.env)?);
+        self.root_child = Some(spawn_root(&self.dir, &self.env, &[])?);
         let deadline = Instant::now() + Duration::from_secs(20);
         for (i, task) in TASKS.iter().enumerate() {
             let (pid, _) = wait_ready(&self.dir, i, task, deadline)?;
