@@ -1350,12 +1350,16 @@ impl Exec<'_> {
             let before: String = chars[..i]
                 .iter()
                 .rev()
-                .take(10)
+                .take(16)
                 .collect::<Vec<_>>()
                 .into_iter()
                 .rev()
                 .collect();
             let lock_timeout = before.ends_with("timeoutMs=") || before.ends_with("--timeout ");
+            // Values that are never pids, whatever pid the number happens to equal (pids wrap
+            // at 32768 here: a version, a size or a status can be some step's pid).
+            let after: String = chars[k..].iter().take(9).collect();
+            let value = never_a_pid(&before, &after);
             if k > j && unit.is_some() {
                 out.push_str("N.N");
                 i = k;
@@ -1372,6 +1376,9 @@ impl Exec<'_> {
                     out.push_str(&format!("~{}s", (ms + 500) / 1000));
                 }
                 i = j;
+            } else if value {
+                out.push_str(&chars[i..k].iter().collect::<String>());
+                i = k;
             } else if let (false, Some(name)) = (glued, self.names.get(&num)) {
                 out.push_str(name);
                 i = j;
@@ -1595,6 +1602,24 @@ impl Exec<'_> {
         }
         kill_and_reap(&victims, self.root_child.take());
     }
+}
+
+/// Whether a number between `before` and `after` (the text around it) is a value that is never
+/// a pid: a driver version, a size, an exit status, a hook count.
+fn never_a_pid(before: &str, after: &str) -> bool {
+    [
+        "libcuda.so.1 ",
+        "version ",
+        "status ",
+        "exit=",
+        "exceeds ",
+        "FAULT=",
+    ]
+    .iter()
+    .any(|p| before.ends_with(p))
+        || [" bytes", " MiB", " hooks", " or later"]
+            .iter()
+            .any(|x| after.starts_with(x))
 }
 
 /// The lock timeouts (ms) a scenario configures: `cuda_plugin.timeout=S` options, CRIU's
@@ -1925,6 +1950,27 @@ fn print_row(r: &Row) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_sizes_and_statuses_are_never_taken_for_pids() {
+        for (before, after) in [
+            ("(libcuda.so.1 ", ")"),
+            ("cr_plugin_ctl is ", " bytes))"),
+            ("GH100, ", " MiB)"),
+            ("host has ", " hooks (cr"),
+            ("--pid gpu) = exit=", ""),
+            ("exited with status ", " (probably"),
+            ("needs ", " or later)"),
+        ] {
+            assert!(never_a_pid(before, after), "{before}N{after}");
+        }
+        for (before, after) in [
+            ("pid=", ", timeoutMs"),
+            ("cuda_plugin: pid ", ": checkpointed"),
+        ] {
+            assert!(!never_a_pid(before, after), "{before}N{after}");
+        }
+    }
 
     #[test]
     fn the_step_watchdog_kills_a_hung_step_and_its_group() {
