@@ -97,9 +97,12 @@
 //! runtime would: `"pid"`, a new pid namespace whose init (pid 1) is the root; `"mount"`, a new
 //! (private) mount namespace. With both, the tree gets a `/proc` of its own pid namespace
 //! (`unshare --mount-proc`), so it sees its own pids; with `"pid"` alone it keeps the host's
-//! `/proc`. In a mount namespace the tree opens its output file itself (CRIU cannot dump a
-//! descriptor of a mount of another namespace: "Can't lookup mount=… for fd=…") and gets an
-//! empty `/dev/shm` of its own (else CRIU stores the host's `/dev/shm` content with the tree).
+//! `/proc`. In new namespaces the tree inherits no descriptor but its standard ones and opens
+//! its output file itself, for appending (CRIU cannot dump a descriptor of a mount of another
+//! mount namespace, "Can't lookup mount=… for fd=…", and at restore checks the size of a file
+//! open for writing unless it is open for appending; `unshare` writes to a file of its own). In
+//! a mount namespace the tree gets an empty `/dev/shm` of its own (else CRIU stores the host's
+//! `/dev/shm` content with the tree, seconds of `tar`).
 //! The mock world, the built artifacts and the scenario directory stay visible.
 //!
 //! The tasks are known by host pids, as CRIU and the plugin name them from the root namespace
