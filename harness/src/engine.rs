@@ -195,6 +195,15 @@ pub enum EngineError {
         /// The exit status.
         reason: String,
     },
+    /// CRIU could not enter the tree's mount namespace (`setns(CLONE_NEWNS)`).
+    #[error("can't switch to the mount namespace of task {pid}")]
+    MountNamespace {
+        /// The tree's root.
+        pid: i32,
+        /// What `setns` (or opening the namespace) failed with.
+        #[source]
+        source: nix::errno::Errno,
+    },
     /// Freezing or re-seizing the tree failed.
     #[error("failed to freeze the process tree")]
     Tree(#[from] TreeError),
@@ -668,6 +677,9 @@ pub fn dump(cfg: &Config, root: i32, final_state: FinalState) -> Result<(), Engi
         result = dump_files(&frozen);
     }
     if result.is_ok() {
+        result = dump_mount_namespace(root);
+    }
+    if result.is_ok() {
         let r = engine.dispatch_global(Hook::DUMP_DEVICES_LATE, Arg::Task(root, 0));
         if r != 0 && r != ENOTSUP {
             pr_err!("dump devices late hook failed: {r}");
@@ -786,6 +798,46 @@ fn dump_files(frozen: &Frozen) -> Result<(), EngineError> {
             }
         }
     }
+    Ok(())
+}
+
+/// The mount-namespace part of a dump (`dump_mnt_namespaces`, after the tasks' files): when the
+/// root's mount namespace is not the engine's, CRIU dumps it, and a container's mounts are
+/// never all fully visible (`/sys/fs/cgroup` has children), so CRIU enters the namespace from
+/// its main process (`open_mountpoint` → `switch_mnt_ns` → `setns(fd, CLONE_NEWNS)`) and
+/// comes back. `setns` into a mount namespace fails with `EINVAL` while the caller shares its
+/// filesystem attributes (`CLONE_FS`) with another thread: a thread that a plugin, or a library
+/// it loaded (a driver's internal threads), left running in the engine fails the dump, as it
+/// fails CRIU's ("Can't setns …/mnt: Invalid argument").
+fn dump_mount_namespace(root: i32) -> Result<(), EngineError> {
+    use nix::sched::{setns, CloneFlags};
+    use std::os::fd::AsRawFd;
+    let fail = |source: nix::errno::Errno| {
+        pr_err!("Can't switch mnt_ns");
+        EngineError::MountNamespace { pid: root, source }
+    };
+    let theirs = std::fs::read_link(format!("/proc/{root}/ns/mnt"));
+    let ours = std::fs::read_link("/proc/self/ns/mnt");
+    match (&theirs, &ours) {
+        (Ok(t), Ok(o)) if t == o => return Ok(()),
+        (Ok(_), Ok(_)) => {}
+        _ => return Err(fail(nix::errno::Errno::ENOENT)),
+    }
+    let fd = |path: &str| {
+        std::fs::File::open(path)
+            .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+    };
+    let back = fd("/proc/self/ns/mnt").map_err(fail)?;
+    let cwd = fd(".").map_err(fail)?;
+    let ns = fd(&format!("/proc/{root}/ns/mnt")).map_err(fail)?;
+    if let Err(e) = setns(&ns, CloneFlags::CLONE_NEWNS) {
+        pr_err!("Can't setns {}/mnt: {}", ns.as_raw_fd(), e.desc());
+        return Err(fail(e));
+    }
+    pr_info!("mnt: entered the mount namespace of task {root}");
+    // Back, and to the directory the engine was in (setns moved it to the namespace's root).
+    setns(&back, CloneFlags::CLONE_NEWNS).map_err(fail)?;
+    nix::unistd::fchdir(cwd.as_raw_fd()).map_err(fail)?;
     Ok(())
 }
 

@@ -16,8 +16,10 @@
 
 use crate::procfs::{comm, field, parked, state, thread_count, world_processes};
 use crate::workload::{
-    cuda_state_name, kill_and_reap, mock_env, run_checked, spawn_root, verify_data, wait_ready,
+    cuda_state_name, host_pid_in, kill_and_reap, mock_env, run_checked, spawn_root, tree_root,
+    verify_data, wait_ready,
 };
+use mock_cuda_world::pidns::{identity_of, pid_ns_of};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -29,7 +31,9 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
-use crate::scenario::{Action, EngineKind, Outcome, PluginKind, Scenario, Step, TaskState};
+use crate::scenario::{
+    Action, EngineKind, HostPids, Namespace, Outcome, PluginKind, Scenario, Step, TaskState,
+};
 
 /// Where the executables and libraries a scenario needs live.
 #[derive(Debug, Clone)]
@@ -231,6 +235,9 @@ pub fn run(s: &Scenario, art: &Artifacts, opts: RunOptions) -> Report {
         cli_pids: BTreeSet::new(),
         lock_timeouts: known_lock_timeouts(s),
         root_child: None,
+        nspids: BTreeMap::new(),
+        start_pids: BTreeMap::new(),
+        ns_names: BTreeMap::new(),
         env: Vec::new(),
         transcript: String::new(),
         backends: Vec::new(),
@@ -353,6 +360,13 @@ struct Exec<'a> {
     /// CRIU's freeze alarm, which depends on timing (see [`known_lock_timeouts`]).
     lock_timeouts: BTreeSet<u64>,
     root_child: Option<Child>,
+    /// task name -> pid in its own pid namespace (the host pid when it has none of its own).
+    nspids: BTreeMap<String, i32>,
+    /// task name -> host pid when it started.
+    start_pids: BTreeMap<String, i32>,
+    /// (pid namespace, namespace pid) -> task name: how the mock's trace names callers that
+    /// live in another pid namespace than the world's host.
+    ns_names: BTreeMap<(u64, i32), String>,
     env: Vec<(String, String)>,
     transcript: String,
     backends: Vec<String>,
@@ -544,7 +558,66 @@ impl Exec<'_> {
             std::fs::write(self.dir.join(format!("task{i}.sh")), script)
                 .map_err(|e| e.to_string())?;
         }
-        self.root_child = Some(spawn_root(&self.dir, &self.env)?);
+        self.root_child = Some(spawn_root(
+            &self.dir,
+            &self.env,
+            &self.s.workload.namespaces,
+        )?);
+        Ok(())
+    }
+
+    /// The host pid of the tree's root.
+    fn root_pid(&self, deadline: Instant) -> Result<i32, String> {
+        let child = self.root_child.as_ref().ok_or("the tree was not started")?;
+        tree_root(child, &self.s.workload.namespaces, deadline)
+    }
+
+    /// The host pid of a task whose READY line says `pid` (its pid in its own namespace).
+    fn host_pid_of(&self, pid: i32, deadline: Instant) -> Result<i32, String> {
+        if !self.s.workload.has(Namespace::Pid) {
+            return Ok(pid);
+        }
+        let root = self.root_pid(deadline)?;
+        let ns = pid_ns_of(root).ok_or_else(|| format!("no pid namespace of the root {root}"))?;
+        loop {
+            if let Some(h) = host_pid_in(ns, pid) {
+                return Ok(h);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no process is pid {pid} of pid namespace {ns}"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Records where task `name` lives now: its host pid, and its namespace pid.
+    fn place_task(&mut self, name: &str, host: i32) {
+        self.add_task(name, host);
+        if let Some(id) = identity_of(host) {
+            // The namespace pid it started with (a restore keeps it).
+            self.nspids.entry(name.to_owned()).or_insert(id.pid);
+            self.ns_names.insert((id.ns, id.pid), name.to_owned());
+        }
+    }
+
+    /// After a real CRIU restored a tree with its own pid namespace: the tasks' new host pids,
+    /// found by their namespace pids (CRIU keeps them) in the namespace of the restored root
+    /// (`--pidfile`). Task names keep naming the old pids too.
+    fn follow_restored_tree(&mut self, pidfile: &Path) -> Result<(), String> {
+        let text =
+            std::fs::read_to_string(pidfile).map_err(|e| format!("{}: {e}", pidfile.display()))?;
+        let root: i32 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("{}: not a pid: {text:?}", pidfile.display()))?;
+        let ns = pid_ns_of(root)
+            .ok_or_else(|| format!("no pid namespace of the restored root {root}"))?;
+        for (name, nspid) in self.nspids.clone() {
+            let host = host_pid_in(ns, nspid).ok_or_else(|| {
+                format!("task {name} (pid {nspid} of its namespace) was not restored")
+            })?;
+            self.place_task(&name, host);
+        }
         Ok(())
     }
 
@@ -585,7 +658,8 @@ impl Exec<'_> {
         })?;
         let deadline = Instant::now() + Duration::from_secs(20);
         for (i, t) in tasks.iter().enumerate() {
-            let (pid, ready) = wait_ready(&self.dir, i, &t.name, deadline)?;
+            let (nspid, ready) = wait_ready(&self.dir, i, &t.name, deadline)?;
+            let pid = self.host_pid_of(nspid, deadline)?;
             if let Some(want) = self.s.expect.start_gpus.get(&t.name) {
                 let got: Vec<&str> = field(&ready, "gpus")
                     .map(|g| g.split(',').filter(|u| !u.is_empty()).collect())
@@ -601,15 +675,24 @@ impl Exec<'_> {
                 }
                 let _ = writeln!(self.transcript, "{}: {}", t.name, got.join(","));
             }
-            self.add_task(&t.name, pid);
+            self.place_task(&t.name, pid);
+            self.start_pids.insert(t.name.clone(), pid);
         }
         // Threads settle after READY: wait until each task has its extra threads (and, for
-        // CUDA tasks, the restore thread) so that the freeze sees a stable tree.
+        // CUDA tasks, the restore thread and the driver's internal threads) so that the freeze
+        // sees a stable tree.
+        let internal = self
+            .s
+            .world
+            .as_ref()
+            .and_then(|w| w.get("driver")?.get("internal_threads")?.as_integer())
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
         for (i, t) in tasks.iter().enumerate() {
             let pid = self.pids[&t.name];
             let want = 1
                 + t.threads as usize
-                + usize::from(t.cuda)
+                + usize::from(t.cuda) * (1 + internal)
                 + usize::from(t.cuda && t.kernel_ms.is_some());
             let end = Instant::now() + Duration::from_secs(5);
             while thread_count(pid) < want && Instant::now() < end {
@@ -623,8 +706,8 @@ impl Exec<'_> {
 
     fn spawn_sleepers(&mut self) -> Result<(), String> {
         self.spawn_tree(&|_| "exec sleep 100000".to_owned())?;
-        let root = self.root_child.as_ref().map_or(0, |c| c.id() as i32);
         let deadline = Instant::now() + Duration::from_secs(5);
+        let root = self.root_pid(deadline)?;
         loop {
             let mut pids = BTreeMap::new();
             if self.map_sleepers(0, root, &mut pids)
@@ -632,7 +715,8 @@ impl Exec<'_> {
                 && pids.values().all(|&p| comm(p) == "sleep")
             {
                 for (n, p) in pids {
-                    self.add_task(&n, p);
+                    self.place_task(&n, p);
+                    self.start_pids.insert(n, p);
                 }
                 return Ok(());
             }
@@ -949,6 +1033,14 @@ impl Exec<'_> {
                 c.arg("-t").arg(root.to_string());
             } else {
                 c.arg("-d");
+                // CRIU restores a mount namespace only onto a root it is given.
+                if self.s.workload.has(Namespace::Mount) {
+                    c.arg("--root").arg("/");
+                }
+                if self.s.workload.has(Namespace::Pid) {
+                    c.arg("--pidfile")
+                        .arg(self.dir.join(format!("step{i}.pid")));
+                }
             }
             c.arg("-D")
                 .arg(&img)
@@ -1045,6 +1137,13 @@ impl Exec<'_> {
         } else {
             Outcome::Fail
         };
+        // A pid namespace restored by a real CRIU: the tasks have new host pids.
+        let restored_ns = step.action == Action::Restore
+            && self.criu.is_some()
+            && self.s.workload.has(Namespace::Pid);
+        if restored_ns && got == Outcome::Ok {
+            self.follow_restored_tree(&self.dir.join(format!("step{i}.pid")))?;
+        }
         let log_text = std::fs::read_to_string(&log).unwrap_or_default();
         // The engine's trace and the driver's trace of this step.
         let _ = writeln!(
@@ -1167,12 +1266,22 @@ impl Exec<'_> {
         let new = text.get(self.trace_offset..).unwrap_or("").to_owned();
         self.trace_offset = text.len();
         let tasks: BTreeSet<i32> = self.pids.values().copied().collect();
-        // Calls made by others than the workload's tasks, as (caller, call).
+        // Calls made by others than the workload's tasks, as (caller, call). A caller in
+        // another pid namespace than the world's host is `<nspid>@pid:[<inode>]`: a task when
+        // the runner knows it, else someone else (-1).
         let calls: Vec<(i32, &str)> = new
             .lines()
             .filter_map(|l| {
                 let (caller, call) = l.split_once(' ')?;
-                Some((caller.parse::<i32>().ok()?, call))
+                match caller.parse::<i32>() {
+                    Ok(pid) => Some((pid, call)),
+                    Err(_) => {
+                        let (nspid, ns) = caller.split_once("@pid:[")?;
+                        let key = (ns.strip_suffix(']')?.parse().ok()?, nspid.parse().ok()?);
+                        let task = self.ns_names.get(&key).and_then(|n| self.pids.get(n));
+                        Some((task.copied().unwrap_or(-1), call))
+                    }
+                }
             })
             .filter(|(caller, _)| !tasks.contains(caller))
             .collect();
@@ -1257,12 +1366,16 @@ impl Exec<'_> {
             let before: String = chars[..i]
                 .iter()
                 .rev()
-                .take(10)
+                .take(16)
                 .collect::<Vec<_>>()
                 .into_iter()
                 .rev()
                 .collect();
             let lock_timeout = before.ends_with("timeoutMs=") || before.ends_with("--timeout ");
+            // Values that are never pids, whatever pid the number happens to equal (pids wrap
+            // at 32768 here: a version, a size or a status can be some step's pid).
+            let after: String = chars[k..].iter().take(9).collect();
+            let value = never_a_pid(&before, &after);
             if k > j && unit.is_some() {
                 out.push_str("N.N");
                 i = k;
@@ -1279,6 +1392,9 @@ impl Exec<'_> {
                     out.push_str(&format!("~{}s", (ms + 500) / 1000));
                 }
                 i = j;
+            } else if value {
+                out.push_str(&chars[i..k].iter().collect::<String>());
+                i = k;
             } else if let (false, Some(name)) = (glued, self.names.get(&num)) {
                 out.push_str(name);
                 i = j;
@@ -1403,7 +1519,47 @@ impl Exec<'_> {
                 }
             }
         }
+        if let Some(want) = s.expect.host_pids {
+            self.check_host_pids(want)?;
+        }
         self.check_leftovers()
+    }
+
+    /// `expect.host_pids`: each task's host pid now against the one it started with, and its
+    /// namespace pid now against the one it had (a restore keeps namespace pids).
+    fn check_host_pids(&mut self, want: HostPids) -> Result<(), String> {
+        if self.s.expect.gpus.is_empty() {
+            self.transcript.push_str("== end\n");
+        }
+        self.transcript.push_str("-- pids\n");
+        for t in &self.s.workload.tasks {
+            if self.s.expect.dead.contains(&t.name) {
+                continue;
+            }
+            let (start, now) = (self.start_pids[&t.name], self.pids[&t.name]);
+            let nspid_now = identity_of(now).map(|i| i.pid);
+            let same_ns = nspid_now == self.nspids.get(&t.name).copied();
+            let line = format!(
+                "{}: {} host pid, {} namespace pid",
+                t.name,
+                if start == now { "same" } else { "new" },
+                if same_ns { "same" } else { "other" }
+            );
+            let _ = writeln!(self.transcript, "{line}");
+            let ok = match want {
+                HostPids::Changed => start != now && same_ns,
+                HostPids::Kept => start == now,
+            };
+            if !ok {
+                return Err(format!(
+                    "expect.host_pids = {want:?}: task {} started as host pid {start}, is {now} \
+                     now (namespace pid {nspid_now:?}, was {:?})",
+                    t.name,
+                    self.nspids.get(&t.name)
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// SIGUSR1 to every task; each appends PASS or FAIL to its report.
@@ -1433,7 +1589,9 @@ impl Exec<'_> {
         let Some(w) = &self.world else {
             return Ok(());
         };
-        let ours: BTreeSet<i32> = self.pids.values().copied().collect();
+        let mut ours: BTreeSet<i32> = self.pids.values().copied().collect();
+        // The `unshare` that waits for a tree in its own pid namespace.
+        ours.extend(self.root_child.as_ref().map(|c| c.id() as i32));
         let extra: Vec<String> = world_processes(w)
             .into_iter()
             .filter(|pid| !ours.contains(pid))
@@ -1448,11 +1606,36 @@ impl Exec<'_> {
 
     fn cleanup(&mut self) {
         let mut victims: Vec<i32> = self.pids.values().copied().collect();
+        let old: Vec<i32> = self
+            .start_pids
+            .values()
+            .copied()
+            .filter(|p| !victims.contains(p))
+            .collect();
+        victims.extend(old);
         if let Some(w) = &self.world {
             victims.extend(world_processes(w));
         }
         kill_and_reap(&victims, self.root_child.take());
     }
+}
+
+/// Whether a number between `before` and `after` (the text around it) is a value that is never
+/// a pid: a driver version, a size, an exit status, a hook count.
+fn never_a_pid(before: &str, after: &str) -> bool {
+    [
+        "libcuda.so.1 ",
+        "version ",
+        "status ",
+        "exit=",
+        "exceeds ",
+        "FAULT=",
+    ]
+    .iter()
+    .any(|p| before.ends_with(p))
+        || [" bytes", " MiB", " hooks", " or later"]
+            .iter()
+            .any(|x| after.starts_with(x))
 }
 
 /// The lock timeouts (ms) a scenario configures: `cuda_plugin.timeout=S` options, CRIU's
@@ -1783,6 +1966,27 @@ fn print_row(r: &Row) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_sizes_and_statuses_are_never_taken_for_pids() {
+        for (before, after) in [
+            ("(libcuda.so.1 ", ")"),
+            ("cr_plugin_ctl is ", " bytes))"),
+            ("GH100, ", " MiB)"),
+            ("host has ", " hooks (cr"),
+            ("--pid gpu) = exit=", ""),
+            ("exited with status ", " (probably"),
+            ("needs ", " or later)"),
+        ] {
+            assert!(never_a_pid(before, after), "{before}N{after}");
+        }
+        for (before, after) in [
+            ("pid=", ", timeoutMs"),
+            ("cuda_plugin: pid ", ": checkpointed"),
+        ] {
+            assert!(!never_a_pid(before, after), "{before}N{after}");
+        }
+    }
 
     #[test]
     fn the_step_watchdog_kills_a_hung_step_and_its_group() {

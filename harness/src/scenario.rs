@@ -19,6 +19,8 @@
 //!                      # `gib = 80.0` (virtual device memory: a memset and 16 pattern windows,
 //!                      # `mock-cuda-app --gib`), and `kernel_ms = 500` (a kernel of that many
 //!                      # milliseconds always in flight: a lock waits for it)
+//! namespaces = ["pid", "mount"]   # optional: the tree starts in new namespaces, as in a
+//!                      # container (any of "pid", "mount"; below)
 //!
 //! [host]
 //! engine = "emulated"  # or "criu" (a real CRIU >= 4.0; skipped when absent)
@@ -84,7 +86,36 @@
 //! gpus = { worker = ["GPU-…"] }         # the GPUs each task's PASS line reports (in its
 //!                                       # allocation order), checked with the data
 //! start_gpus = { worker = ["GPU-…"] }   # the GPUs its READY line reported at start
+//! host_pids = "changed"                 # after the last restore, every task's host pid differs
+//!                                       # from the one it started with and its namespace pid
+//!                                       # is the same ("kept": the same host pids)
 //! ```
+//!
+//! ## Namespaces
+//!
+//! `[workload] namespaces` starts the root of the tree with `unshare` semantics, as a container
+//! runtime would: `"pid"`, a new pid namespace whose init (pid 1) is the root; `"mount"`, a new
+//! (private) mount namespace. With both, the tree gets a `/proc` of its own pid namespace
+//! (`unshare --mount-proc`), so it sees its own pids; with `"pid"` alone it keeps the host's
+//! `/proc`. In new namespaces the tree inherits no descriptor but its standard ones and opens
+//! its output file itself, for appending (CRIU cannot dump a descriptor of a mount of another
+//! mount namespace, "Can't lookup mount=… for fd=…", and at restore checks the size of a file
+//! open for writing unless it is open for appending; `unshare` writes to a file of its own). In
+//! a mount namespace the tree gets an empty `/dev/shm` of its own (else CRIU stores the host's
+//! `/dev/shm` content with the tree, seconds of `tar`).
+//! The mock world, the built artifacts and the scenario directory stay visible.
+//!
+//! The tasks are known by host pids, as CRIU and the plugin name them from the root namespace
+//! (a READY line reports the namespace pid; the runner finds the host pid by the namespace and
+//! that pid); transcripts name tasks by name either way. Real CRIU dumps the namespaces of the
+//! root without options, and restores a mount namespace only with `--root /` (the runner adds
+//! it; without it CRIU 4.1/4.2 stop with "mnt: BUG at criu/mount.c:48", or with
+//! `--mntns-compat-mode` "The --root option is required to restore a mount namespace"). A pid
+//! namespace is restored as a new one: the tasks keep their namespace pids and get new host
+//! pids, which the runner learns (`criu restore --pidfile`). The emulated engine re-seizes the
+//! same tasks (same host pids), and, as CRIU does when it dumps a mount namespace other than
+//! its own, enters the tree's mount namespace during a dump (`setns(CLONE_NEWNS)`, which fails
+//! while the engine is multi-threaded).
 //!
 //! Parsing is strict: an unknown key anywhere is an error naming the file and the key.
 
@@ -129,6 +160,37 @@ pub struct Scenario {
 pub struct Workload {
     /// Tasks, root first.
     pub tasks: Vec<TaskSpec>,
+    /// New namespaces the root starts in (module documentation, "Namespaces").
+    #[serde(default)]
+    pub namespaces: Vec<Namespace>,
+}
+
+impl Workload {
+    /// Whether the tree starts in a new namespace of kind `ns`.
+    #[must_use]
+    pub fn has(&self, ns: Namespace) -> bool {
+        self.namespaces.contains(&ns)
+    }
+}
+
+/// A namespace kind a tree can start in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Namespace {
+    /// A new pid namespace; the root is its init (pid 1).
+    Pid,
+    /// A new mount namespace.
+    Mount,
+}
+
+/// What `expect.host_pids` requires of the tasks' host pids after the last restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostPids {
+    /// Every task has another host pid than at the start, and the same namespace pid.
+    Changed,
+    /// Every task has the host pid it started with.
+    Kept,
 }
 
 /// One task of the workload.
@@ -426,6 +488,9 @@ pub struct Expect {
     /// The GPU UUIDs each task's READY line reported when it started.
     #[serde(default)]
     pub start_gpus: BTreeMap<String, Vec<String>>,
+    /// How the tasks' host pids compare with those they started with.
+    #[serde(default)]
+    pub host_pids: Option<HostPids>,
 }
 
 /// A scenario file that cannot be used.
@@ -525,6 +590,24 @@ impl Scenario {
         }
         if self.steps.is_empty() {
             return Err("no steps".to_owned());
+        }
+        let ns = &self.workload.namespaces;
+        if let Some(n) = ns
+            .iter()
+            .enumerate()
+            .find_map(|(i, n)| ns[..i].contains(n).then_some(n))
+        {
+            return Err(format!("workload.namespaces: {n:?} is listed twice"));
+        }
+        if self.expect.host_pids.is_some()
+            && !self.steps.iter().any(|s| s.action == Action::Restore)
+        {
+            return Err("expect.host_pids needs a restore step".to_owned());
+        }
+        if self.expect.host_pids == Some(HostPids::Changed) && !self.workload.has(Namespace::Pid) {
+            return Err(
+                "expect.host_pids = \"changed\" needs workload.namespaces with \"pid\"".to_owned(),
+            );
         }
         for (i, st) in self.steps.iter().enumerate() {
             self.validate_step(i, st)?;
@@ -966,6 +1049,53 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
                 "{why}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn namespaces_and_host_pid_expectations_parse_and_are_checked() {
+        let with = |ns: &str, expect: &str| {
+            let text = MINIMAL.replace("[host]", &format!("namespaces = {ns}\n[host]"))
+                + "[[steps]]\naction = \"restore\"\nexpect = \"ok\"\n"
+                + expect;
+            Scenario::parse("dir/s.toml", &text).map_err(|e| e.to_string())
+        };
+        let s = with(
+            "[\"pid\", \"mount\"]",
+            "[expect]\nhost_pids = \"changed\"\n",
+        )
+        .unwrap();
+        assert!(s.workload.has(Namespace::Pid) && s.workload.has(Namespace::Mount));
+        assert_eq!(s.expect.host_pids, Some(HostPids::Changed));
+        let s = with("[\"mount\"]", "[expect]\nhost_pids = \"kept\"\n").unwrap();
+        assert!(!s.workload.has(Namespace::Pid));
+        assert!(Scenario::parse("m.toml", MINIMAL)
+            .unwrap()
+            .workload
+            .namespaces
+            .is_empty());
+        for (ns, expect, why) in [
+            ("[\"net\"]", "", "net"),
+            ("[\"pid\", \"pid\"]", "", "listed twice"),
+            (
+                "[\"mount\"]",
+                "[expect]\nhost_pids = \"changed\"\n",
+                "needs workload.namespaces",
+            ),
+            ("[\"pid\"]", "[expect]\nhost_pids = \"moved\"\n", "moved"),
+        ] {
+            let e = with(ns, expect).unwrap_err();
+            assert!(
+                e.starts_with("dir/s.toml: ") && e.contains(why),
+                "{why}: {e}"
+            );
+        }
+        let e = Scenario::parse(
+            "s.toml",
+            &format!("{MINIMAL}[expect]\nhost_pids = \"kept\"\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs a restore step"), "{e}");
     }
 
     #[test]

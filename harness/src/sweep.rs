@@ -10,6 +10,13 @@
 //! `rollback` case adds a trigger (the checkpoint of `t2` fails) so that the faulted call is the
 //! one the rollback makes for `t1`.
 //!
+//! A container-shaped variant ([`Tree::Container`], the `tree` column) runs the same tree
+//! started in new pid and mount namespaces (`cpu`, the root, is the namespace's init; the tasks
+//! are known by host pids, as CRIU names them), for the lock, checkpoint, restore and unlock
+//! calls of both tasks through both backends with a representative set of faults (a failing
+//! call, one that fails after its effect, a target killed under the call, someone else's lock)
+//! and a rollback ([`container_cases`]).
+//!
 //! Invariants, checked after every case:
 //! - the faulted step ends within [`STEP_LIMIT`] (the engine is killed past it: "hang");
 //! - it succeeds, or fails with a plugin error naming the step (`PAUSE_DEVICES`, ...), the pid of
@@ -45,8 +52,10 @@ use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 use crate::runner::Artifacts;
+use crate::scenario::Namespace;
 use crate::workload::{
-    cuda_state_name, kill_and_reap, mock_env, run_checked, spawn_root, verify_data, wait_ready,
+    cuda_state_name, host_pid_in, kill_and_reap, mock_env, run_checked, spawn_root, tree_root,
+    verify_data, wait_ready,
 };
 
 /// The longest a faulted step may take before it counts as a hang (and is killed).
@@ -130,6 +139,34 @@ impl Phase {
     }
 }
 
+/// The shape of the tree a case runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tree {
+    /// The tree in the host's namespaces.
+    Bare,
+    /// The same tree started in new pid and mount namespaces, as in a container: `cpu` is the
+    /// namespace's init (pid 1), the tasks are known by host pids.
+    Container,
+}
+
+impl Tree {
+    /// The table name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Tree::Bare => "bare",
+            Tree::Container => "container",
+        }
+    }
+
+    fn namespaces(self) -> &'static [Namespace] {
+        match self {
+            Tree::Bare => &[],
+            Tree::Container => &[Namespace::Pid, Namespace::Mount],
+        }
+    }
+}
+
 /// Which process the fault names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Target {
@@ -183,7 +220,7 @@ pub enum Fault {
     PluginFails,
     /// The post-dump action script fails ([`LATE_CALLS`]).
     ScriptFails,
-    /// The task's image is damaged between the dump and the restore ([`IMAGE_CALL`]).
+    /// The task's image is damaged between the dump and the restore ([`IMAGE_CALLS`]).
     Image(ImageDamage),
 }
 
@@ -331,6 +368,8 @@ pub struct Case {
     pub target: Target,
     /// The emulated host profile (`pr3076`, `4.1`).
     pub profile: &'static str,
+    /// The tree's shape.
+    pub tree: Tree,
 }
 
 impl Case {
@@ -352,24 +391,18 @@ impl Case {
     /// A one-line command reproducing this case.
     #[must_use]
     pub fn repro(&self) -> String {
-        format!(
-            "harness sweep --full --only '{}|{}|{}|{}|{}'",
-            self.call,
-            self.fault.name(),
-            self.phase.name(),
-            self.target.name(),
-            self.profile
-        )
+        format!("harness sweep --full --only '{}'", self.key())
     }
 
     fn key(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}|{}",
             self.call,
             self.fault.name(),
             self.phase.name(),
             self.target.name(),
-            self.profile
+            self.profile,
+            self.tree.name()
         )
     }
 }
@@ -413,6 +446,7 @@ pub fn cases(full: bool) -> Vec<Case> {
             phase,
             target,
             profile,
+            tree: Tree::Bare,
         });
     };
     let slow_default = |call: &str, phase: Phase, t: Target| {
@@ -537,8 +571,68 @@ pub fn cases(full: bool) -> Vec<Case> {
             }
         }
     }
+    out.extend(container_cases());
     out.sort();
     out.dedup();
+    out
+}
+
+/// The container-shaped variant: the same tree in new pid and mount namespaces, for the lock,
+/// checkpoint, restore and unlock of each task through each backend, with the faults that
+/// exercise a different path each (a failing call, a call that fails after its effect, a
+/// target killed under it, someone else's lock).
+pub fn container_cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    let mut push = |call: &'static str, fault: Fault, phase: Phase, target: Target| {
+        out.push(Case {
+            call,
+            fault,
+            phase,
+            target,
+            profile: "pr3076",
+            tree: Tree::Container,
+        });
+    };
+    for backend in ["cuCheckpointProcess", "cuda-checkpoint:"] {
+        let call = |op: &str| -> &'static str {
+            match (backend, op) {
+                ("cuda-checkpoint:", "Lock") => "cuda-checkpoint:lock",
+                ("cuda-checkpoint:", "Checkpoint") => "cuda-checkpoint:checkpoint",
+                ("cuda-checkpoint:", "Restore") => "cuda-checkpoint:restore",
+                ("cuda-checkpoint:", _) => "cuda-checkpoint:unlock",
+                (_, "Lock") => "cuCheckpointProcessLock",
+                (_, "Checkpoint") => "cuCheckpointProcessCheckpoint",
+                (_, "Restore") => "cuCheckpointProcessRestore",
+                _ => "cuCheckpointProcessUnlock",
+            }
+        };
+        for t in [Target::First, Target::Second] {
+            for k in [
+                Fault::Return("CUDA_ERROR_UNKNOWN"),
+                Fault::ErrorAfter,
+                Fault::KillTarget,
+                Fault::ForeignLock,
+            ] {
+                push(call("Lock"), k, Phase::Dump, t);
+            }
+            for k in [Fault::Return("CUDA_ERROR_UNKNOWN"), Fault::ErrorAfter] {
+                push(call("Checkpoint"), k, Phase::Dump, t);
+                push(call("Restore"), k, Phase::Restore, t);
+            }
+            push(
+                call("Unlock"),
+                Fault::Return("CUDA_ERROR_UNKNOWN"),
+                Phase::Restore,
+                t,
+            );
+        }
+        push(
+            call("Restore"),
+            Fault::Return("CUDA_ERROR_UNKNOWN"),
+            Phase::Rollback,
+            Target::First,
+        );
+    }
     out
 }
 
@@ -719,11 +813,27 @@ impl Run<'_> {
         for (i, s) in scripts.iter().enumerate() {
             std::fs::write(self.dir.join(format!("task{i}.sh")), s).map_err(|e| e.to_string())?;
         }
-        self.root_child = Some(spawn_root(&self.dir, &self.env)?);
+        let namespaces = self.case.tree.namespaces();
+        let child = spawn_root(&self.dir, &self.env, namespaces)?;
         let deadline = Instant::now() + Duration::from_secs(20);
+        let root = tree_root(&child, namespaces, deadline);
+        self.root_child = Some(child);
+        // In new namespaces the READY lines give namespace pids: the host's pids are those of
+        // the same pids in the root's pid namespace.
+        let ns = match namespaces.contains(&Namespace::Pid) {
+            true => Some(
+                mock_cuda_world::pidns::pid_ns_of(root?).ok_or("no pid namespace of the root")?,
+            ),
+            false => None,
+        };
         for (i, task) in TASKS.iter().enumerate() {
             let (pid, _) = wait_ready(&self.dir, i, task, deadline)?;
-            self.pids.push(pid);
+            let host = match ns {
+                Some(ns) => host_pid_in(ns, pid)
+                    .ok_or_else(|| format!("{task}: no pid {pid} in pid namespace {ns}"))?,
+                None => pid,
+            };
+            self.pids.push(host);
         }
         // t1, t2: main and restore thread.
         for (i, want) in [2, 2, 1].into_iter().enumerate() {
@@ -1056,9 +1166,12 @@ impl Run<'_> {
 
     /// Processes of this world other than the workload.
     fn check_leftovers(&mut self) {
+        // The `unshare` that waits for a container-shaped tree is no leftover.
+        let unshare = self.root_child.as_ref().map(|c| c.id() as i32);
         let extra: Vec<String> = world_processes(&self.world)
             .into_iter()
             .filter(|pid| !self.pids.contains(pid) && !matches!(state(*pid), 'Z' | '?'))
+            .filter(|pid| Some(*pid) != unshare)
             .map(|pid| format!("{pid} ({})", comm(pid)))
             .collect();
         if !extra.is_empty() {
@@ -1417,7 +1530,7 @@ pub fn is_failure(r: &CaseResult) -> bool {
 /// machine), so the snapshot leaves them out.
 #[must_use]
 pub fn table(results: &[CaseResult], states: bool) -> String {
-    let mut rows: Vec<[String; 7]> = results
+    let mut rows: Vec<[String; 8]> = results
         .iter()
         .map(|r| {
             [
@@ -1426,6 +1539,7 @@ pub fn table(results: &[CaseResult], states: bool) -> String {
                 r.case.phase.name().to_owned(),
                 r.case.target.name().to_owned(),
                 r.case.profile.to_owned(),
+                r.case.tree.name().to_owned(),
                 if states {
                     r.outcome.clone()
                 } else {
@@ -1436,7 +1550,9 @@ pub fn table(results: &[CaseResult], states: bool) -> String {
         })
         .collect();
     rows.sort();
-    let head = ["call", "fault", "phase", "task", "host", "outcome", "check"];
+    let head = [
+        "call", "fault", "phase", "task", "host", "tree", "outcome", "check",
+    ];
     let mut w = head.map(str::len);
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -1472,7 +1588,7 @@ pub fn table(results: &[CaseResult], states: bool) -> String {
     out
 }
 
-/// Selects the cases whose key (`call|fault|phase|task|host`) contains `filter`.
+/// Selects the cases whose key (`call|fault|phase|task|host|tree`) contains `filter`.
 #[must_use]
 pub fn filter(cases: Vec<Case>, filter: &str) -> Vec<Case> {
     cases

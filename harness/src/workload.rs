@@ -7,6 +7,7 @@
 //! SIGUSR1), and the tree's output goes to `workload.out`.
 
 use crate::procfs::{field, state};
+use crate::scenario::Namespace;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
@@ -50,19 +51,109 @@ pub(crate) fn mock_env(world: &Path, bin: &Path) -> Vec<(String, String)> {
     ]
 }
 
-/// Starts `dir/task0.sh` as a session leader with `env`, its output in `dir/workload.out`.
-pub(crate) fn spawn_root(dir: &Path, env: &[(String, String)]) -> Result<Child, String> {
+/// Starts `dir/task0.sh` as a session leader with `env`, its output in `dir/workload.out`, in
+/// new namespaces of the kinds `namespaces` lists (`unshare`; see the "Namespaces" section of
+/// [`crate::scenario`]):
+/// * a new pid namespace (`-p -f`): `unshare` forks, and its child, the namespace's init, becomes
+///   the root (with a new mount namespace too, with a `/proc` of its own: `--mount-proc`);
+/// * a new mount namespace (`-m`, private): the tree gets an empty `/dev/shm` of its own. That
+///   mount is made only after the shell checked that it runs in another mount namespace than
+///   this process (it never touches the host's `/dev/shm`).
+///
+/// In namespaces the tree opens its output file itself (for appending), and `unshare`'s own
+/// output goes to `dir/unshare.out`.
+///
+/// The returned child is `setsid` or `unshare`; [`tree_root`] finds the root's host pid.
+pub(crate) fn spawn_root(
+    dir: &Path,
+    env: &[(String, String)],
+    namespaces: &[Namespace],
+) -> Result<Child, String> {
     let out = std::fs::File::create(dir.join("workload.out")).map_err(|e| e.to_string())?;
+    // In namespaces, `unshare` writes its own complaints elsewhere: the tree's output file
+    // must not change behind CRIU's back between a dump and a restore.
+    let out = if namespaces.is_empty() {
+        out
+    } else {
+        std::fs::File::create(dir.join("unshare.out")).map_err(|e| e.to_string())?
+    };
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    Command::new("setsid")
-        .arg("sh")
-        .arg(dir.join("task0.sh"))
-        .envs(env.iter().map(|(k, v)| (k, v)))
+    let task0 = dir.join("task0.sh");
+    let mut c;
+    if namespaces.is_empty() {
+        c = Command::new("setsid");
+        c.arg("sh").arg(&task0);
+    } else {
+        let pid = namespaces.contains(&Namespace::Pid);
+        let mount = namespaces.contains(&Namespace::Mount);
+        c = Command::new("unshare");
+        if pid {
+            c.args(["-p", "-f"]);
+        }
+        if mount {
+            c.args(["-m", "--propagation", "private"]);
+            if pid {
+                c.arg("--mount-proc");
+            }
+        }
+        let q = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', "'\\''"));
+        let mut script = String::new();
+        if mount {
+            let host_mnt = std::fs::read_link("/proc/self/ns/mnt")
+                .map_err(|e| format!("/proc/self/ns/mnt: {e}"))?;
+            script.push_str(&format!(
+                "[ \"$(readlink /proc/self/ns/mnt)\" != '{}' ] || {{ echo 'not in a new mount namespace' >&2; exit 97; }}\n\
+                 while umount /dev/shm 2>/dev/null; do :; done\n\
+                 mount -t tmpfs -o size=64m,mode=1777 shm /dev/shm || exit 98\n",
+                host_mnt.display(),
+            ));
+        }
+        // Opened by the tree itself (in its mount namespace), for appending: CRIU checks the
+        // size of a file open for writing at restore, except one open for appending only.
+        script.push_str(&format!(
+            "exec </dev/null >>{} 2>&1\n",
+            q(&dir.join("workload.out"))
+        ));
+        script.push_str(&format!("exec setsid sh {}\n", q(&task0)));
+        c.arg("sh").arg("-c").arg(script);
+        crate::ffi::spawn::close_other_fds(&mut c);
+    }
+    c.envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .spawn()
         .map_err(|e| format!("spawn workload: {e}"))
+}
+
+/// The host pid of the root of a tree [`spawn_root`] started as `child`: the child itself, or
+/// with a new pid namespace its child (the namespace's init), once it exists.
+pub(crate) fn tree_root(
+    child: &Child,
+    namespaces: &[Namespace],
+    deadline: Instant,
+) -> Result<i32, String> {
+    let pid = child.id() as i32;
+    if !namespaces.contains(&Namespace::Pid) {
+        return Ok(pid);
+    }
+    loop {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(k) = kids.split_whitespace().next().and_then(|k| k.parse().ok()) {
+            return Ok(k);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("unshare {pid} started no namespace init"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The host pid of the process with pid `nspid` in pid namespace `ns`.
+pub(crate) fn host_pid_in(ns: u64, nspid: i32) -> Option<i32> {
+    use mock_cuda_world::pidns::{find_identity, NsIdentity};
+    find_identity(NsIdentity { ns, pid: nspid })
 }
 
 fn report(dir: &Path, i: usize) -> PathBuf {

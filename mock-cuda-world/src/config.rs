@@ -8,6 +8,7 @@
 //! cuda_version = 13000         # what cuDriverGetVersion reports; default from the branch
 //! hidden_symbols = ["cuCheckpointProcessLock"]   # absent from dlsym and cuGetProcAddress
 //! request_timeout_ms = 10000   # a request to a target whose restore thread makes no progress
+//! internal_threads = 0         # idle driver threads cuInit (and the first context) start
 //!
 //! [rates]                      # the time model of checkpoint and restore (GB/s = 1e9 B/s)
 //! driver_gbps = 6.0            # the driver's copy path, per process
@@ -96,7 +97,15 @@ pub struct DriverConfig {
     /// How long a caller waits for a target's restore thread before giving up.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Idle threads (`cuda-EvtHandlr`) that `cuInit` and the first context start in the
+    /// calling process, as a real driver may: they make a CRIU that loaded the driver
+    /// multi-threaded (at most [`MAX_INTERNAL_THREADS`]).
+    #[serde(default)]
+    pub internal_threads: u32,
 }
+
+/// Upper bound of `driver.internal_threads`.
+pub const MAX_INTERNAL_THREADS: u32 = 64;
 
 fn default_request_timeout_ms() -> u64 {
     10_000
@@ -582,6 +591,12 @@ impl WorldConfig {
                 Err(bad(format!("{key} = {v}: must be a positive number")))
             }
         };
+        if self.driver.internal_threads > MAX_INTERNAL_THREADS {
+            return Err(bad(format!(
+                "driver.internal_threads = {}: at most {MAX_INTERNAL_THREADS}",
+                self.driver.internal_threads
+            )));
+        }
         positive("rates.driver_gbps", self.rates.driver_gbps)?;
         positive("rates.link_gbps", self.rates.link_gbps)?;
         positive("rates.host_gbps", self.rates.host_gbps)?;
@@ -719,6 +734,25 @@ mod tests {
             assert!(e.contains("w.toml"), "{e}");
             assert!(e.contains(key), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn internal_threads_default_to_none_and_are_bounded() {
+        assert_eq!(parse("").unwrap().driver.internal_threads, 0);
+        let c = WorldConfig::parse(
+            "schema = 1\n[driver]\nbranch = 580\ninternal_threads = 3\n",
+            "w.toml",
+        )
+        .unwrap();
+        assert_eq!(c.driver.internal_threads, 3);
+        assert_eq!(WorldConfig::parse(&c.to_toml(), "again").unwrap(), c);
+        let e = WorldConfig::parse(
+            "schema = 1\n[driver]\nbranch = 580\ninternal_threads = 65\n",
+            "w.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("driver.internal_threads = 65"), "{e}");
     }
 
     fn fault(function: &str, action: &str) -> String {

@@ -10,14 +10,19 @@
 //! <world>/lib/libcuda.so.1  the mock, with hidden symbols removed from its dynamic table
 //! <world>/lib/libnvidia-ml.so.1  the NVML stand-in (unless `[nvml] present = false`)
 //! <world>/devmem/           device memory of RUNNING/LOCKED processes, one file per allocation
-//! <world>/mailbox/<pid>/    requests to a target's restore thread
+//! <world>/mailbox/<id>/     requests to a target's restore thread (by world id)
 //! <world>/transfers/        checkpoints and restores in progress            -> transfers.rs
 //! ```
+//!
+//! A CUDA process is filed under its **world id**, and known by its namespace identity and
+//! host pid (module [`pidns`]): a process in a container is found by its host pid, and a
+//! process CRIU restored into new namespaces is still the same process of the world.
 
 pub mod config;
 pub mod elf;
 pub mod faults;
 pub mod ffi;
+pub mod pidns;
 pub mod rates;
 pub mod state;
 pub mod sys;
@@ -120,6 +125,8 @@ impl WorldError {
 pub struct World {
     dir: PathBuf,
     config: WorldConfig,
+    /// The world's host pid namespace, read from the state once.
+    host_ns: std::sync::OnceLock<Option<u64>>,
 }
 
 impl World {
@@ -131,6 +138,7 @@ impl World {
         Ok(World {
             dir: dir.to_path_buf(),
             config,
+            host_ns: std::sync::OnceLock::new(),
         })
     }
 
@@ -175,7 +183,13 @@ impl World {
         let cfg_path = dir.join("world.toml");
         WorldConfig::parse(&text, &cfg_path.display().to_string())?;
         write_atomic(&cfg_path, text.as_bytes())?;
-        state::StateFile::default().store(&dir.join("state.json"))?;
+        // The host is where the world is made: pids of this pid namespace are host pids.
+        let state = state::StateFile {
+            host_pid_ns: pidns::own_pid_ns().unwrap_or(0),
+            id_salt: random_salt(),
+            ..state::StateFile::default()
+        };
+        state.store(&dir.join("state.json"))?;
         let trace = dir.join("trace.log");
         std::fs::write(&trace, b"").map_err(|e| io(&trace, e))?;
         let image = std::fs::read(mock_so).map_err(|e| io(mock_so, e))?;
@@ -290,17 +304,65 @@ impl World {
         self.dir.join("trace.log")
     }
 
-    /// The file holding one device allocation of a RUNNING or LOCKED process.
+    /// The file holding one device allocation of a RUNNING or LOCKED process (by world id).
     #[must_use]
-    pub fn devmem_path(&self, pid: i32, alloc: u64) -> PathBuf {
-        self.dir.join("devmem").join(format!("{pid}-{alloc}.bin"))
+    pub fn devmem_path(&self, id: u64, alloc: u64) -> PathBuf {
+        self.dir.join("devmem").join(format!("{id}-{alloc}.bin"))
     }
 
-    /// The mailbox of a target's restore thread.
+    /// The mailbox of a target's restore thread (by world id).
     #[must_use]
-    pub fn mailbox_dir(&self, pid: i32) -> PathBuf {
-        self.dir.join("mailbox").join(pid.to_string())
+    pub fn mailbox_dir(&self, id: u64) -> PathBuf {
+        self.dir.join("mailbox").join(id.to_string())
     }
+
+    /// The pid namespace of the world's host (0 when unknown).
+    #[must_use]
+    pub fn host_pid_ns(&self) -> u64 {
+        self.host_ns
+            .get_or_init(|| self.read_state().ok().map(|s| s.host_pid_ns))
+            .unwrap_or(0)
+    }
+
+    /// Whether the caller's `/proc` shows the pids of the world's host: then a pid it finds is
+    /// a host pid, and a process of the world it cannot find is gone.
+    #[must_use]
+    pub fn host_view(&self) -> bool {
+        let host = self.host_pid_ns();
+        host != 0 && pidns::proc_pid_ns() == Some(host)
+    }
+
+    /// Whether the caller lives in the world's host pid namespace (its `getpid()` is its host
+    /// pid).
+    #[must_use]
+    pub fn in_host_ns(&self) -> bool {
+        let host = self.host_pid_ns();
+        host != 0 && pidns::own_pid_ns() == Some(host)
+    }
+
+    /// Where the process `p` of the world is, seen from the caller.
+    #[must_use]
+    pub fn locate(&self, p: &pidns::ProcessRef) -> pidns::Presence {
+        pidns::locate(p, self.host_view())
+    }
+}
+
+/// A salt for the world ids of a new world, from the kernel's random pool (the clock and the
+/// pid when that cannot be read).
+fn random_salt() -> u32 {
+    use std::io::Read;
+    let mut b = [0u8; 4];
+    let drawn = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    let v = match drawn {
+        Ok(()) => u32::from_le_bytes(b),
+        Err(_) => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            t ^ std::process::id().rotate_left(16)
+        }
+    };
+    v & ((1 << (44 - pidns::ID_COUNTER_BITS)) - 1)
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a

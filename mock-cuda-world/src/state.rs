@@ -4,6 +4,7 @@
 //! corrupt or foreign file is an error naming the file, never silently replaced.
 
 use super::config::GpuUuidText;
+use super::pidns::{NsIdentity, ProcessRef};
 use super::{write_atomic, World, WorldError};
 use abi::CUprocessState;
 use serde::{Deserialize, Serialize};
@@ -13,8 +14,8 @@ use std::time::{Duration, Instant};
 
 /// Format tag of `state.json`.
 pub const STATE_FORMAT: &str = "mock-cuda-world-state";
-/// Version of `state.json`.
-pub const STATE_VERSION: u32 = 1;
+/// Version of `state.json` (2: processes by world id, with their namespace identity).
+pub const STATE_VERSION: u32 = 2;
 /// How long a process waits for the state lock before reporting an error.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -24,8 +25,15 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct StateFile {
     pub format: String,
     pub version: u32,
-    /// CUDA processes by pid.
-    pub processes: BTreeMap<i32, ProcessEntry>,
+    /// The pid namespace of the world's host (the one `mock-world init` ran in): host pids are
+    /// pids of this namespace (module [`crate::pidns`]).
+    pub host_pid_ns: u64,
+    /// The world's salt of world ids (drawn when it was created).
+    pub id_salt: u32,
+    /// How many processes registered so far (the counter part of world ids).
+    pub registered: u64,
+    /// CUDA processes by world id.
+    pub processes: BTreeMap<u64, ProcessEntry>,
     /// Matching-call counters of the scripted faults, by fault index.
     pub fault_counts: BTreeMap<usize, u64>,
     /// Next allocation id.
@@ -37,6 +45,9 @@ impl Default for StateFile {
         StateFile {
             format: STATE_FORMAT.to_owned(),
             version: STATE_VERSION,
+            host_pid_ns: 0,
+            id_salt: 0,
+            registered: 0,
             processes: BTreeMap::new(),
             fault_counts: BTreeMap::new(),
             next_alloc: 1,
@@ -48,9 +59,16 @@ impl Default for StateFile {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessEntry {
+    /// Its host pid (a pid of the world's host pid namespace) as last known; 0 while no process
+    /// that sees the host's pids has seen it (it registered inside a pid namespace of its own).
+    pub pid: i32,
+    /// Its pid namespace (the inode of `/proc/<pid>/ns/pid`).
+    pub pid_ns: u64,
+    /// Its pid in that namespace (what `getpid()` tells it).
+    pub nspid: i32,
     /// `CUprocessState` value.
     pub state: u32,
-    /// TID of the restore thread inside the process.
+    /// TID of the restore thread, in the process's own pid namespace (what `gettid()` told it).
     pub restore_tid: i32,
     /// The process's device ordinals: ordinal -> GPU.
     pub devices: Vec<GpuUuidText>,
@@ -72,6 +90,25 @@ impl ProcessEntry {
     #[must_use]
     pub fn state(&self) -> CUprocessState {
         CUprocessState(self.state)
+    }
+
+    /// Its identity as the world last knew it.
+    #[must_use]
+    pub fn identity(&self) -> NsIdentity {
+        NsIdentity {
+            ns: self.pid_ns,
+            pid: self.nspid,
+        }
+    }
+
+    /// What is needed to find it ([`crate::pidns::locate`]), for world id `id`.
+    #[must_use]
+    pub fn whereabouts(&self, id: u64) -> ProcessRef {
+        ProcessRef {
+            id,
+            host_pid: self.pid,
+            identity: self.identity(),
+        }
     }
 }
 
@@ -103,11 +140,8 @@ impl StateFile {
     /// (a checkpointed process holds none) and what restores in progress claimed, leaving
     /// out `except`. Sizes are logical (a virtual allocation counts in full).
     #[must_use]
-    pub fn resident_bytes(&self, gpu: abi::GpuUuid, except: Option<i32>) -> u64 {
-        let others = self
-            .processes
-            .iter()
-            .filter(|(pid, _)| Some(**pid) != except);
+    pub fn resident_bytes(&self, gpu: abi::GpuUuid, except: Option<u64>) -> u64 {
+        let others = self.processes.iter().filter(|(id, _)| Some(**id) != except);
         let allocated: u64 = others
             .clone()
             .filter(|(_, e)| matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED))
@@ -124,13 +158,39 @@ impl StateFile {
     }
 
     /// Drops the claims of restores whose process is gone (killed mid-restore): the memory
-    /// they claimed is free again. `alive(pid, restore_tid)` tells whether one runs.
-    pub fn release_dead_claims(&mut self, alive: impl Fn(i32, i32) -> bool) {
-        for (pid, e) in &mut self.processes {
-            if !e.reserved.is_empty() && !alive(*pid, e.restore_tid) {
+    /// they claimed is free again. `gone(id, entry)` tells whether the process is gone.
+    pub fn release_dead_claims(&mut self, gone: impl Fn(u64, &ProcessEntry) -> bool) {
+        for (id, e) in &mut self.processes {
+            if !e.reserved.is_empty() && gone(*id, e) {
                 e.reserved.clear();
             }
         }
+    }
+
+    /// A new world id (the next of this world's counter, with its salt).
+    pub fn new_id(&mut self) -> u64 {
+        self.registered += 1;
+        crate::pidns::make_id(self.id_salt, self.registered)
+    }
+
+    /// The entry whose identity is `ident`, with its world id.
+    #[must_use]
+    pub fn by_identity(&self, ident: NsIdentity) -> Option<(u64, &ProcessEntry)> {
+        self.processes
+            .iter()
+            .find(|(_, e)| e.identity() == ident)
+            .map(|(id, e)| (*id, e))
+    }
+
+    /// The entry whose recorded host pid is `pid`, with its world id (for tests and tools
+    /// that know processes by host pid; the newest when a pid was reused).
+    #[must_use]
+    pub fn by_pid(&self, pid: i32) -> Option<(u64, &ProcessEntry)> {
+        self.processes
+            .iter()
+            .rev()
+            .find(|(_, e)| e.pid == pid && pid > 0)
+            .map(|(id, e)| (*id, e))
     }
 
     /// Reads and validates a state file.
@@ -204,6 +264,71 @@ impl World {
 mod tests {
     use super::*;
 
+    fn entry(pid: i32, ns: u64, nspid: i32) -> ProcessEntry {
+        ProcessEntry {
+            pid,
+            pid_ns: ns,
+            nspid,
+            state: CUprocessState::RUNNING.0,
+            restore_tid: nspid + 1,
+            devices: Vec::new(),
+            contexts: Vec::new(),
+            allocations: Vec::new(),
+            checkpointed: Vec::new(),
+            reserved: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn processes_are_filed_by_world_id_and_found_by_identity_or_host_pid() {
+        let mut st = StateFile {
+            id_salt: 0x12345,
+            ..StateFile::default()
+        };
+        let a = st.new_id();
+        let b = st.new_id();
+        assert_ne!(a, b);
+        assert_eq!(
+            a >> crate::pidns::ID_COUNTER_BITS,
+            0x12345,
+            "ids carry the salt"
+        );
+        // Two pid 1s of two namespaces, one of them with its host pid unknown.
+        st.processes.insert(a, entry(4100, 7, 1));
+        st.processes.insert(b, entry(0, 8, 1));
+        assert_eq!(
+            st.by_identity(NsIdentity { ns: 8, pid: 1 }).map(|x| x.0),
+            Some(b)
+        );
+        assert_eq!(
+            st.by_identity(NsIdentity { ns: 7, pid: 1 }).map(|x| x.0),
+            Some(a)
+        );
+        assert_eq!(st.by_identity(NsIdentity { ns: 9, pid: 1 }), None);
+        assert_eq!(st.by_pid(4100).map(|x| x.0), Some(a));
+        assert_eq!(st.by_pid(0), None, "an unknown host pid names nothing");
+        // Claims of gone processes are released, others kept.
+        for e in st.processes.values_mut() {
+            e.reserved.push(CheckpointedGpu {
+                uuid: GpuUuidText(abi::GpuUuid([1; 16])),
+                chip: "GH100".into(),
+                bytes: 5,
+            });
+        }
+        st.release_dead_claims(|id, _| id == a);
+        assert!(st.processes[&a].reserved.is_empty());
+        assert_eq!(st.processes[&b].reserved.len(), 1);
+        let p = dir_round_trip(&st);
+        assert_eq!(p, st);
+    }
+
+    fn dir_round_trip(st: &StateFile) -> StateFile {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        st.store(&p).unwrap();
+        StateFile::load(&p).unwrap()
+    }
+
     #[test]
     fn corrupt_and_foreign_files_are_named_errors() {
         let dir = tempfile::tempdir().unwrap();
@@ -220,6 +345,10 @@ mod tests {
         std::fs::write(&p, r#"{"format":"mock-cuda-world-state","version":99}"#).unwrap();
         let e = StateFile::load(&p).unwrap_err().to_string();
         assert!(e.contains("version 99"), "{e}");
+        // A world of the previous version (processes by pid) is refused, not misread.
+        std::fs::write(&p, r#"{"format":"mock-cuda-world-state","version":1}"#).unwrap();
+        let e = StateFile::load(&p).unwrap_err().to_string();
+        assert!(e.contains("version 1 is not supported"), "{e}");
         StateFile::default().store(&p).unwrap();
         assert_eq!(StateFile::load(&p).unwrap(), StateFile::default());
     }

@@ -55,14 +55,3 @@ pub fn stopped(pid: i32, tid: i32) -> bool {
     let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
     matches!(state, Some("T" | "t"))
 }
-
-/// True when `tid` is a live thread of `pid` named like a CUDA restore thread (`cuda…`, not
-/// `cuda-EvtHandlr`): the mark of the same CUDA process, also after CRIU restored it (start
-/// times are not preserved by a restore), and never true for a process that reused the pid.
-#[must_use]
-pub fn has_restore_thread(pid: i32, tid: i32) -> bool {
-    alive(pid)
-        && alive(tid)
-        && std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-            .is_ok_and(|c| c.starts_with("cuda") && !c.starts_with("cuda-"))
-}

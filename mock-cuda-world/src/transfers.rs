@@ -1,5 +1,5 @@
 //! Transfers in progress: one small file per process that checkpoints or restores
-//! (`<world>/transfers/<pid>.json`), written by its restore thread when it takes the request,
+//! (`<world>/transfers/<id>.json`, by world id), written by its restore thread when it takes the request,
 //! every 50 ms while the transfer runs, and removed once the request is answered.
 //!
 //! The files are the world's registry of active transfers (each restore thread reads them to
@@ -13,6 +13,7 @@
 //! removed by the next reader.
 
 use super::config::GpuUuidText;
+use super::pidns::{NsIdentity, Presence, ProcessRef};
 use super::{write_atomic, World, WorldError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -60,10 +61,12 @@ impl GpuProgress {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Progress {
-    /// The transferring process.
+    /// The transferring process's world id.
+    pub id: u64,
+    /// Its host pid as it knew it (0: unknown, inside a pid namespace of its own).
     pub pid: i32,
-    /// Its restore thread (tells the process apart from a later one with the same pid).
-    pub restore_tid: i32,
+    /// Its identity: pid namespace and pid there.
+    pub identity: NsIdentity,
     /// The request being carried out.
     pub request: u64,
     pub direction: Direction,
@@ -71,6 +74,16 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// What is needed to find the transferring process.
+    #[must_use]
+    pub fn whereabouts(&self) -> ProcessRef {
+        ProcessRef {
+            id: self.id,
+            host_pid: self.pid,
+            identity: self.identity,
+        }
+    }
+
     /// Bytes moved so far.
     #[must_use]
     pub fn moved(&self) -> u64 {
@@ -99,8 +112,8 @@ impl World {
         self.dir().join("transfers")
     }
 
-    fn transfer_path(&self, pid: i32) -> PathBuf {
-        self.transfers_dir().join(format!("{pid}.json"))
+    fn transfer_path(&self, id: u64) -> PathBuf {
+        self.transfers_dir().join(format!("{id}.json"))
     }
 
     /// Publishes a transfer's progress (atomically: readers see one whole version).
@@ -108,37 +121,41 @@ impl World {
         let dir = self.transfers_dir();
         std::fs::create_dir_all(&dir).map_err(|e| WorldError::io(&dir, e))?;
         let text = serde_json::to_vec(p).expect("progress serialises");
-        write_atomic(&self.transfer_path(p.pid), &text)
+        write_atomic(&self.transfer_path(p.id), &text)
     }
 
     /// Ends a transfer's entry.
-    pub fn remove_progress(&self, pid: i32) {
-        let _ = std::fs::remove_file(self.transfer_path(pid));
+    pub fn remove_progress(&self, id: u64) {
+        let _ = std::fs::remove_file(self.transfer_path(id));
     }
 
-    /// The transfer of `pid`, with the time its file was last written, if it runs.
+    /// The transfer of the process with world id `id`, with the time its file was last
+    /// written, if it runs.
     #[must_use]
-    pub fn progress_of(&self, pid: i32) -> Option<(Progress, SystemTime)> {
-        let path = self.transfer_path(pid);
+    pub fn progress_of(&self, id: u64) -> Option<(Progress, SystemTime)> {
+        let path = self.transfer_path(id);
         let stamp = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
         let p: Progress = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
         Some((p, stamp))
     }
 
-    /// Whether `pid` is carrying `request` out: its transfer is registered and either reported
-    /// progress within `within` or has a restore thread that is not stopped (SIGSTOP, ptrace).
-    /// A thread that waits for the disk (a busy host can stall a file write for seconds) is
-    /// still working; a stopped one is not, once its last report is older than `within`.
+    /// Whether the process with world id `id`, pid `pid` in the caller's view, is carrying
+    /// `request` out: its transfer is registered and either reported progress within `within`
+    /// or has a restore thread that is not stopped (SIGSTOP, ptrace). A thread that waits for
+    /// the disk (a busy host can stall a file write for seconds) is still working; a stopped
+    /// one is not, once its last report is older than `within`.
     #[must_use]
-    pub fn transfer_working(&self, pid: i32, request: u64, within: Duration) -> bool {
-        self.progress_of(pid).is_some_and(|(p, stamp)| {
+    pub fn transfer_working(&self, id: u64, pid: i32, request: u64, within: Duration) -> bool {
+        self.progress_of(id).is_some_and(|(p, stamp)| {
             p.request == request
                 && (stamp.elapsed().is_ok_and(|age| age <= within)
-                    || !crate::sys::stopped(p.pid, p.restore_tid))
+                    || crate::pidns::restore_thread(pid, id)
+                        .is_some_and(|tid| !crate::sys::stopped(pid, tid)))
         })
     }
 
-    /// Every transfer in progress, by pid; files of processes that are gone are removed.
+    /// Every transfer in progress, by world id; files of processes that are gone are removed
+    /// (those of processes the caller cannot see, inside another pid namespace, are kept).
     #[must_use]
     pub fn transfers(&self) -> Vec<Progress> {
         let Ok(dir) = std::fs::read_dir(self.transfers_dir()) else {
@@ -147,16 +164,16 @@ impl World {
         let mut out: Vec<Progress> = dir
             .filter_map(|e| {
                 let name = e.ok()?.file_name();
-                let pid: i32 = name.to_str()?.strip_suffix(".json")?.parse().ok()?;
-                let (p, _) = self.progress_of(pid)?;
-                if !crate::sys::has_restore_thread(p.pid, p.restore_tid) {
-                    self.remove_progress(pid);
+                let id: u64 = name.to_str()?.strip_suffix(".json")?.parse().ok()?;
+                let (p, _) = self.progress_of(id)?;
+                if self.locate(&p.whereabouts()) == Presence::Gone {
+                    self.remove_progress(id);
                     return None;
                 }
                 Some(p)
             })
             .collect();
-        out.sort_by_key(|p| p.pid);
+        out.sort_by_key(|p| p.id);
         out
     }
 }

@@ -107,10 +107,10 @@ pub fn apply_fault<T>(
             Err(code.cuda())
         }
         FaultAction::Fail { code } => {
-            if let Some(pid) = target {
-                let _ = send(world, pid, Op::Fail, request_deadline(world));
+            if let Some(t) = target.and_then(|pid| resolve(world, pid).ok()) {
+                let _ = send(world, t, Op::Fail, request_deadline(world));
                 let _ = world.update(|st| {
-                    if let Some(e) = st.processes.get_mut(&pid) {
+                    if let Some(e) = st.processes.get_mut(&t.id) {
                         e.state = CUprocessState::FAILED.0;
                     }
                 });
@@ -133,10 +133,10 @@ pub fn apply_fault<T>(
             op()
         }
         FaultAction::ForeignLock => {
-            if let Some(pid) = target {
+            if let Some(t) = target.and_then(|pid| resolve(world, pid).ok()) {
                 let _ = send(
                     world,
-                    pid,
+                    t,
                     Op::Lock { timeout_ms: 0 },
                     request_deadline(world),
                 );
@@ -174,6 +174,8 @@ pub fn init(flags: u32) -> R<()> {
         let mut l = local();
         l.visible = visible;
         l.initialized = true;
+        drop(l);
+        target::start_internal_threads(&w);
         Ok(())
     })
 }
@@ -192,9 +194,8 @@ fn devices(w: &World) -> R<Vec<GpuUuid>> {
     if !l.initialized {
         return Err(CUresult::ERROR_NOT_INITIALIZED);
     }
-    if target::runtime().is_some() {
-        let pid = std::process::id() as i32;
-        if let Some(e) = w.read_state().map_err(os_err)?.processes.get(&pid) {
+    if let Some(rt) = target::runtime() {
+        if let Some(e) = w.read_state().map_err(os_err)?.processes.get(&rt.id()) {
             return Ok(e.devices.iter().map(|d| d.0).collect());
         }
     }
@@ -304,10 +305,11 @@ pub fn ctx_create(function: &str, dev: i32) -> R<usize> {
         let uuid = device_uuid_of(&w, dev)?;
         let table = devices(&w)?;
         let rt = target::ensure_registered(&w, &table)?;
+        target::start_internal_threads(&w);
         let _in = rt.enter()?;
-        let pid = std::process::id() as i32;
+        let id = rt.id();
         w.update(|st| {
-            if let Some(e) = st.processes.get_mut(&pid) {
+            if let Some(e) = st.processes.get_mut(&id) {
                 if !e.contexts.iter().any(|c| c.0 == uuid) {
                     e.contexts.push(GpuUuidText(uuid));
                 }
@@ -392,10 +394,12 @@ pub fn mem_alloc(size: u64) -> R<u64> {
         let gpu = current_gpu(&w)?;
         let capacity = w.config().gpu(gpu).map_or(0, |g| g.capacity_bytes());
         let sampled = size > w.config().memory.real_limit();
-        let pid = std::process::id() as i32;
+        let me = own_id()?;
         let id = w
             .update(|st| {
-                st.release_dead_claims(crate::ffi::sys::has_restore_thread);
+                st.release_dead_claims(|id, e| {
+                    w.locate(&e.whereabouts(id)) == crate::world::pidns::Presence::Gone
+                });
                 let used = st.resident_bytes(gpu, None);
                 if used + size > capacity {
                     return Err(CUresult::ERROR_OUT_OF_MEMORY);
@@ -404,7 +408,7 @@ pub fn mem_alloc(size: u64) -> R<u64> {
                 st.next_alloc += 1;
                 let e = st
                     .processes
-                    .get_mut(&pid)
+                    .get_mut(&me)
                     .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
                 e.allocations.push(Allocation {
                     id,
@@ -415,7 +419,7 @@ pub fn mem_alloc(size: u64) -> R<u64> {
                 Ok(id)
             })
             .map_err(os_err)??;
-        let path = w.devmem_path(pid, id);
+        let path = w.devmem_path(me, id);
         if sampled {
             std::fs::write(&path, Sparse::new(size).encode())
                 .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
@@ -435,11 +439,11 @@ fn locate(w: &World, dptr: u64, len: u64) -> R<(Allocation, u64)> {
     }
     let id = (dptr - DEVPTR_BASE) >> ALLOC_SHIFT;
     let off = dptr & (MAX_ALLOC - 1);
-    let pid = std::process::id() as i32;
+    let me = own_id()?;
     let st = w.read_state().map_err(os_err)?;
     let a = st
         .processes
-        .get(&pid)
+        .get(&me)
         .and_then(|e| e.allocations.iter().find(|a| a.id == id))
         .cloned()
         .ok_or(CUresult::ERROR_INVALID_VALUE)?;
@@ -457,14 +461,14 @@ pub fn mem_free(dptr: u64) -> R<()> {
         if off != 0 {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
-        let pid = std::process::id() as i32;
+        let me = own_id()?;
         w.update(|st| {
-            if let Some(e) = st.processes.get_mut(&pid) {
+            if let Some(e) = st.processes.get_mut(&me) {
                 e.allocations.retain(|x| x.id != a.id);
             }
         })
         .map_err(os_err)?;
-        let _ = std::fs::remove_file(w.devmem_path(pid, a.id));
+        let _ = std::fs::remove_file(w.devmem_path(me, a.id));
         Ok(())
     })
 }
@@ -473,7 +477,7 @@ fn devmem_io(w: &World, a: &Allocation) -> R<std::fs::File> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(w.devmem_path(std::process::id() as i32, a.id))
+        .open(w.devmem_path(own_id()?, a.id))
         .map_err(|_| CUresult::ERROR_ILLEGAL_ADDRESS)
 }
 
@@ -482,7 +486,7 @@ fn devmem_io(w: &World, a: &Allocation) -> R<std::fs::File> {
 static SPARSE_IO: Mutex<()> = Mutex::new(());
 
 fn load_sparse(w: &World, a: &Allocation) -> R<Sparse> {
-    let bytes = std::fs::read(w.devmem_path(std::process::id() as i32, a.id))
+    let bytes = std::fs::read(w.devmem_path(own_id()?, a.id))
         .map_err(|_| CUresult::ERROR_ILLEGAL_ADDRESS)?;
     Sparse::decode(&bytes).map_err(|e| {
         eprintln!("mock-libcuda: device memory of allocation {}: {e}", a.id);
@@ -491,7 +495,7 @@ fn load_sparse(w: &World, a: &Allocation) -> R<Sparse> {
 }
 
 fn store_sparse(w: &World, a: &Allocation, m: &Sparse) -> R<()> {
-    std::fs::write(w.devmem_path(std::process::id() as i32, a.id), m.encode())
+    std::fs::write(w.devmem_path(own_id()?, a.id), m.encode())
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)
 }
 
@@ -648,54 +652,92 @@ pub fn mem_get_info() -> R<(u64, u64)> {
 // ---------------------------------------------------------------------------------------------
 // The checkpoint API
 
-/// The process a pid or tid belongs to, if it exists.
-fn resolve_target(pid: i32) -> R<i32> {
-    if pid <= 0 {
-        return Err(CUresult::ERROR_INVALID_VALUE);
-    }
-    crate::ffi::sys::tgid_of(pid).ok_or(CUresult::ERROR_INVALID_VALUE)
+/// The calling process's world id, once it is a CUDA process.
+fn own_id() -> R<u64> {
+    target::runtime()
+        .map(|rt| rt.id())
+        .ok_or(CUresult::ERROR_INVALID_CONTEXT)
 }
 
-/// The world's entry for a live CUDA process, dropping entries of processes that are gone
-/// (a process that dies without a checkpoint releases its GPU state, as with the driver).
-fn lookup(w: &World, tgid: i32) -> R<crate::world::state::ProcessEntry> {
-    let entry = w
+/// A checkpoint target: its pid in the caller's view (`/proc`) and its world id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    /// Its pid (thread group) as the caller's `/proc` shows it.
+    pub pid: i32,
+    /// Its world id.
+    pub id: u64,
+}
+
+/// Resolves a pid or tid `pid` of the caller's view to a CUDA process of the world, the way the
+/// kernel knows processes (module [`crate::world::pidns`]): its identity (pid namespace and
+/// pid there, from `/proc/<pid>/ns/pid` and `NSpid:`) names the world's entry, which counts
+/// only while the process has that entry's restore thread; a process whose identity the world
+/// does not know (restored by CRIU into new namespaces) is found by its restore thread's name,
+/// and its entry takes its identity now. A caller that sees the host's pids records the host
+/// pid it found. An entry whose identity a process without its restore thread has taken over
+/// belonged to a process that died: unless checkpointed, it is dropped with its device memory
+/// (a process that exits without a checkpoint releases its GPU state). A process with a
+/// restore thread that the world has forgotten resolves too: its thread re-announces it when
+/// it takes a request. `CUDA_ERROR_INVALID_VALUE` for anything else.
+pub fn resolve(w: &World, pid: i32) -> R<Target> {
+    use crate::world::pidns;
+    let tgid = pidns::tgid_of(pid).ok_or(CUresult::ERROR_INVALID_VALUE)?;
+    let ident = pidns::identity_of(tgid);
+    let thread = pidns::restore_thread_of(tgid).map(|(_, id)| id);
+    let host_pid = w.host_view().then_some(tgid);
+    let found = w
         .update(|st| {
-            let e = st.processes.get(&tgid)?;
-            let stale = e.state() != CUprocessState::CHECKPOINTED
-                && !crate::ffi::sys::has_restore_thread(tgid, e.restore_tid);
-            if stale {
-                let gone = st.processes.remove(&tgid)?;
-                for a in &gone.allocations {
-                    let _ = std::fs::remove_file(w.devmem_path(tgid, a.id));
+            if let Some((id, e)) = ident.and_then(|i| st.by_identity(i)) {
+                if thread != Some(id) && e.state() != CUprocessState::CHECKPOINTED {
+                    let gone = st.processes.remove(&id)?;
+                    for a in &gone.allocations {
+                        let _ = std::fs::remove_file(w.devmem_path(id, a.id));
+                    }
                 }
-                return None;
             }
-            Some(e.clone())
+            let id = thread?;
+            if let Some(e) = st.processes.get_mut(&id) {
+                if let Some(i) = ident {
+                    (e.pid_ns, e.nspid) = (i.ns, i.pid);
+                }
+                if let Some(h) = host_pid {
+                    e.pid = h;
+                }
+            }
+            Some(id)
         })
         .map_err(os_err)?;
-    entry.ok_or(CUresult::ERROR_INVALID_VALUE)
+    found
+        .map(|id| Target { pid: tgid, id })
+        .ok_or(CUresult::ERROR_INVALID_VALUE)
+}
+
+/// The world's entry of a target (`CUDA_ERROR_INVALID_VALUE` when the world forgot it).
+fn entry_of(w: &World, t: Target) -> R<crate::world::state::ProcessEntry> {
+    w.read_state()
+        .map_err(os_err)?
+        .processes
+        .get(&t.id)
+        .cloned()
+        .ok_or(CUresult::ERROR_INVALID_VALUE)
 }
 
 fn target_args(pid: i32) -> impl Fn() -> String {
     move || format!("pid={pid}")
 }
 
-/// `cuCheckpointProcessGetRestoreThreadId`.
+/// `cuCheckpointProcessGetRestoreThreadId`: the restore thread's tid in the caller's view.
 pub fn get_restore_tid(pid: i32) -> R<i32> {
     let w = world()?;
-    let tgid = resolve_target(pid).ok();
+    let tgid = crate::ffi::sys::tgid_of(pid);
     call(
         &w,
         "cuCheckpointProcessGetRestoreThreadId",
         tgid,
         &target_args(pid),
         || {
-            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
-            match lookup(&w, tgid) {
-                Ok(e) => Ok(e.restore_tid),
-                Err(e) => crate::ffi::sys::find_restore_thread(tgid).ok_or(e),
-            }
+            let t = resolve(&w, pid)?;
+            crate::world::pidns::restore_thread(t.pid, t.id).ok_or(CUresult::ERROR_INVALID_VALUE)
         },
     )
 }
@@ -703,15 +745,15 @@ pub fn get_restore_tid(pid: i32) -> R<i32> {
 /// `cuCheckpointProcessGetState`.
 pub fn get_state(pid: i32) -> R<CUprocessState> {
     let w = world()?;
-    let tgid = resolve_target(pid).ok();
+    let tgid = crate::ffi::sys::tgid_of(pid);
     call(
         &w,
         "cuCheckpointProcessGetState",
         tgid,
         &target_args(pid),
         || {
-            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
-            Ok(lookup(&w, tgid)?.state())
+            let t = resolve(&w, pid)?;
+            Ok(entry_of(&w, t)?.state())
         },
     )
 }
@@ -720,32 +762,25 @@ fn request_deadline(w: &World) -> Instant {
     Instant::now() + Duration::from_millis(w.config().driver.request_timeout_ms)
 }
 
-/// Checks that `tgid` is a CUDA process before a request is sent to it. Whether the request
-/// suits its state is the target's decision (its restore thread answers ILLEGAL_STATE): the
-/// world's record can lag behind a process restored from images until its thread runs.
-fn known(w: &World, tgid: i32) -> R<()> {
-    match lookup(w, tgid) {
-        Ok(_) => Ok(()),
-        // A process restored from images the world has forgotten: its restore thread will
-        // announce it when it takes the request.
-        Err(e) => crate::ffi::sys::find_restore_thread(tgid)
-            .map(|_| ())
-            .ok_or(e),
-    }
+/// The CUDA process a request goes to. Whether the request suits its state is the target's
+/// decision (its restore thread answers ILLEGAL_STATE): the world's record can lag behind a
+/// process restored from images until its thread runs, and a process the world has forgotten
+/// is announced by its restore thread when it takes the request.
+fn known(w: &World, pid: i32) -> R<Target> {
+    resolve(w, pid)
 }
 
 /// `cuCheckpointProcessLock`.
 pub fn lock(pid: i32, timeout_ms: u32) -> R<()> {
     let w = world()?;
-    let tgid = resolve_target(pid).ok();
+    let tgid = crate::ffi::sys::tgid_of(pid);
     call(
         &w,
         "cuCheckpointProcessLock",
         tgid,
         &|| format!("pid={pid}, timeoutMs={timeout_ms}"),
         || {
-            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
-            known(&w, tgid)?;
+            let t = known(&w, pid)?;
             let (deadline, on_timeout) = if timeout_ms > 0 {
                 (
                     Instant::now() + Duration::from_millis(u64::from(timeout_ms)) + LOCK_GRACE,
@@ -754,7 +789,7 @@ pub fn lock(pid: i32, timeout_ms: u32) -> R<()> {
             } else {
                 (request_deadline(&w), CUresult::ERROR_TIMEOUT)
             };
-            send(&w, tgid, Op::Lock { timeout_ms }, deadline).map_err(|e| {
+            send(&w, t, Op::Lock { timeout_ms }, deadline).map_err(|e| {
                 if e == CUresult::ERROR_TIMEOUT {
                     on_timeout
                 } else {
@@ -768,16 +803,15 @@ pub fn lock(pid: i32, timeout_ms: u32) -> R<()> {
 /// `cuCheckpointProcessCheckpoint`.
 pub fn checkpoint(pid: i32) -> R<()> {
     let w = world()?;
-    let tgid = resolve_target(pid).ok();
+    let tgid = crate::ffi::sys::tgid_of(pid);
     call(
         &w,
         "cuCheckpointProcessCheckpoint",
         tgid,
         &target_args(pid),
         || {
-            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
-            known(&w, tgid)?;
-            send(&w, tgid, Op::Checkpoint, request_deadline(&w))
+            let t = known(&w, pid)?;
+            send(&w, t, Op::Checkpoint, request_deadline(&w))
         },
     )
 }
@@ -792,7 +826,7 @@ fn pairs_arg(pairs: &[(GpuUuid, GpuUuid)]) -> String {
 /// by a CUDA 13.0+ driver; the exports reject them as reserved bytes below that).
 pub fn restore(pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> R<()> {
     let w = world()?;
-    let tgid = resolve_target(pid).ok();
+    let tgid = crate::ffi::sys::tgid_of(pid);
     let args = || {
         if pairs.is_empty() {
             format!("pid={pid}")
@@ -804,29 +838,27 @@ pub fn restore(pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> R<()> {
         if !local().initialized {
             return Err(CUresult::ERROR_NOT_INITIALIZED);
         }
-        let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
-        known(&w, tgid)?;
+        let t = known(&w, pid)?;
         let pairs = pairs
             .iter()
             .map(|(a, b)| (GpuUuidText(*a), GpuUuidText(*b)))
             .collect();
-        send(&w, tgid, Op::Restore { pairs }, request_deadline(&w))
+        send(&w, t, Op::Restore { pairs }, request_deadline(&w))
     })
 }
 
 /// `cuCheckpointProcessUnlock`.
 pub fn unlock(pid: i32) -> R<()> {
     let w = world()?;
-    let tgid = resolve_target(pid).ok();
+    let tgid = crate::ffi::sys::tgid_of(pid);
     call(
         &w,
         "cuCheckpointProcessUnlock",
         tgid,
         &target_args(pid),
         || {
-            let tgid = tgid.ok_or(CUresult::ERROR_INVALID_VALUE)?;
-            known(&w, tgid)?;
-            send(&w, tgid, Op::Unlock, request_deadline(&w))
+            let t = known(&w, pid)?;
+            send(&w, t, Op::Unlock, request_deadline(&w))
         },
     )
 }
@@ -837,8 +869,9 @@ pub fn unlock(pid: i32) -> R<()> {
 /// How long a caller sleeps on the response doorbell before it checks the target is alive.
 const ANSWER_WAIT: Duration = Duration::from_millis(20);
 
-fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
-    let dir = w.mailbox_dir(tgid);
+fn send(w: &World, t: Target, op: Op, deadline: Instant) -> R<()> {
+    let tgid = t.pid;
+    let dir = w.mailbox_dir(t.id);
     if !dir.is_dir() {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
@@ -887,7 +920,7 @@ fn send(w: &World, tgid: i32, op: Op, deadline: Instant) -> R<()> {
             // A long checkpoint or restore is waited for as long as it makes progress: the
             // timeout is for a thread that does not answer, not for one that works.
             let patience = Duration::from_millis(w.config().driver.request_timeout_ms);
-            if !(taken() && w.transfer_working(tgid, id, patience)) {
+            if !(taken() && w.transfer_working(t.id, tgid, id, patience)) {
                 // Withdraw the request if the thread has not taken it yet.
                 let _ = std::fs::remove_file(&req_path);
                 return Err(CUresult::ERROR_TIMEOUT);

@@ -2,7 +2,13 @@
 //!
 //! A process becomes a CUDA process (a checkpoint target) when it creates its first context.
 //! It then gets:
-//! * a **restore thread** (named `cuda` + 11 hex digits, like the driver's), whose TID
+//! * a **world id**, under which the world files it (its entry, mailbox and device memory),
+//!   and its identity as the kernel knows it: its pid namespace and pid there, and its host pid
+//!   when it can see it (module [`crate::world::pidns`]). A process that CRIU restored into a
+//!   new pid namespace (new host pid, new namespace inode, the same namespace pid) notices the
+//!   change on its restore thread and re-announces itself under the identity it has now.
+//! * a **restore thread** (named `cuda` + 11 hex digits, like the driver's: the digits are the
+//!   world id, the mark the process is found by after a restore), whose TID
 //!   `cuCheckpointProcessGetRestoreThreadId` reports. Lock, checkpoint, restore and unlock
 //!   requests are carried out by this thread, which serves the process's mailbox in the world:
 //!   a caller writes a request file and rings a futex doorbell shared through a file mapping.
@@ -23,6 +29,7 @@
 //!   did not happen fails, as on a real GPU.
 
 use crate::world::config::GpuUuidText;
+use crate::world::pidns::{self, NsIdentity, Presence};
 use crate::world::rates::{self, Limits, Part};
 use crate::world::state::{Allocation, CheckpointedGpu};
 use crate::world::transfers::{Direction, GpuProgress, Progress};
@@ -125,7 +132,11 @@ struct SavedAlloc {
 /// The runtime of a CUDA process.
 pub struct Runtime {
     world: Arc<World>,
-    pid: i32,
+    /// The process's world id.
+    id: u64,
+    /// The pid namespace the process last announced itself in (a CRIU restore into a new pid
+    /// namespace changes it; the restore thread then re-announces the process).
+    announced_ns: AtomicU64,
     gate: Gate,
     saved: Mutex<Vec<SavedAlloc>>,
     gpu_handle: Mutex<Option<OwnedFd>>,
@@ -144,7 +155,7 @@ pub struct Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("pid", &self.pid)
+            .field("id", &self.id)
             .finish_non_exhaustive()
     }
 }
@@ -170,10 +181,14 @@ pub fn ensure_registered(
     if let Some(rt) = RUNTIME.get() {
         return Ok(rt);
     }
-    let pid = std::process::id() as i32;
+    let me = own_identity();
+    let id = world
+        .update(crate::world::state::StateFile::new_id)
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
     let rt = Arc::new(Runtime {
         world: Arc::clone(world),
-        pid,
+        id,
+        announced_ns: AtomicU64::new(me.ns),
         gate: Gate {
             state: AtomicU32::new(CUprocessState::RUNNING.0),
             locking: AtomicBool::new(false),
@@ -192,7 +207,7 @@ pub fn ensure_registered(
                 .ok(),
         )),
     });
-    let mailbox = world.mailbox_dir(pid);
+    let mailbox = world.mailbox_dir(id);
     let _ = std::fs::remove_dir_all(&mailbox);
     std::fs::create_dir_all(&mailbox).map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
     if std::env::var(MAILBOX_ENV).as_deref() != Ok("poll") {
@@ -204,10 +219,7 @@ pub fn ensure_registered(
     let (tx, rx) = std::sync::mpsc::channel();
     let thread_rt = Arc::clone(&rt);
     std::thread::Builder::new()
-        .name(format!(
-            "cuda{:011x}",
-            (u64::from(pid as u32) << 12) ^ 0x5eed_c0de
-        ))
+        .name(crate::world::pidns::restore_thread_name(id))
         .spawn(move || {
             let _ = tx.send(crate::ffi::sys::gettid());
             thread_rt.restore_thread_loop();
@@ -218,11 +230,15 @@ pub fn ensure_registered(
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
     let _ = rt.restore_tid.set(tid);
     let devices: Vec<GpuUuidText> = devices.iter().copied().map(GpuUuidText).collect();
+    let host_pid = host_pid_hint(world);
     world
         .update(|st| {
             st.processes.insert(
-                pid,
+                id,
                 crate::world::state::ProcessEntry {
+                    pid: host_pid,
+                    pid_ns: me.ns,
+                    nspid: me.pid,
                     state: CUprocessState::RUNNING.0,
                     restore_tid: tid,
                     devices,
@@ -237,6 +253,63 @@ pub fn ensure_registered(
     let _ = RUNTIME.set(rt);
     Ok(RUNTIME.get().expect("just set"))
 }
+
+/// The calling process's identity (its pid namespace is 0 when `/proc` cannot tell it).
+fn own_identity() -> NsIdentity {
+    pidns::own_identity().unwrap_or(NsIdentity {
+        ns: 0,
+        pid: std::process::id() as i32,
+    })
+}
+
+/// The calling process's host pid, when it can tell: its pid in the world's host pid
+/// namespace as its `/proc` shows it (the first `NSpid:` field when that `/proc` is the host's,
+/// `getpid()` in the host's namespace itself); 0 inside a pid namespace with a `/proc` of its
+/// own, where a process cannot learn its host pid (the world learns it from the first caller
+/// that finds the process from the host).
+#[must_use]
+pub fn host_pid_hint(world: &World) -> i32 {
+    if world.in_host_ns() {
+        return std::process::id() as i32;
+    }
+    if world.host_view() {
+        if let Some(first) = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| pidns::parse_nspid(&s))
+            .and_then(|f| f.first().copied())
+        {
+            return first;
+        }
+    }
+    0
+}
+
+/// Starts the driver's internal threads (`[driver] internal_threads` of the world) in the
+/// calling process, once: idle threads named `cuda-EvtHandlr` that sleep for ever, as a real
+/// driver starts at `cuInit` and at the first context. They make the caller multi-threaded,
+/// which is what keeps a CRIU that loaded the driver from entering a mount namespace
+/// (`setns(CLONE_NEWNS)` is `EINVAL` while another thread shares the caller's filesystem
+/// attributes).
+pub fn start_internal_threads(world: &World) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    let n = world.config().driver.internal_threads;
+    if n == 0 {
+        return;
+    }
+    STARTED.call_once(|| {
+        for _ in 0..n {
+            let _ = std::thread::Builder::new()
+                .name(INTERNAL_THREAD_NAME.to_owned())
+                .spawn(|| loop {
+                    // A futex wait that nothing wakes (a spurious wake-up parks again).
+                    std::thread::park();
+                });
+        }
+    });
+}
+
+/// The name of the driver's internal threads.
+pub const INTERNAL_THREAD_NAME: &str = "cuda-EvtHandlr";
 
 /// Token for a workload call inside the API gate.
 #[derive(Debug)]
@@ -290,6 +363,12 @@ impl Runtime {
         Arc::clone(&w.0)
     }
 
+    /// The process's world id.
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The restore thread's TID.
     #[must_use]
     pub fn restore_tid(&self) -> i32 {
@@ -297,7 +376,7 @@ impl Runtime {
     }
 
     fn restore_thread_loop(&self) {
-        let dir = self.world.mailbox_dir(self.pid);
+        let dir = self.world.mailbox_dir(self.id);
         let req_path = dir.join("req.json");
         let bell = self.bell.get();
         loop {
@@ -307,6 +386,8 @@ impl Runtime {
             // mailbox, so a request written after the look rings a changed value and the wait
             // returns at once: no wake-up is lost.
             let seen = bell.map(|b| b.word(BELL_REQUEST).load(SeqCst));
+            // Restored into a new pid namespace: the world learns the identity it has now.
+            self.follow_namespace();
             let Some(req) = take_request(&req_path) else {
                 match (bell, seen) {
                     (Some(b), Some(seen)) => b.wait(BELL_REQUEST, seen, IDLE_WAIT),
@@ -328,8 +409,9 @@ impl Runtime {
             let world = self.world();
             if let Some(direction) = direction {
                 let _ = world.write_progress(&Progress {
-                    pid: self.pid,
-                    restore_tid: self.restore_tid(),
+                    id: self.id,
+                    pid: host_pid_hint(&world),
+                    identity: own_identity(),
                     request: req.id,
                     direction,
                     gpus: Vec::new(),
@@ -346,7 +428,7 @@ impl Runtime {
                 b.ring(BELL_RESPONSE);
             }
             if direction.is_some() {
-                world.remove_progress(self.pid);
+                world.remove_progress(self.id);
             }
         }
     }
@@ -370,25 +452,55 @@ impl Runtime {
         };
         entry.restore_tid = self.restore_tid();
         let world = self.world();
-        let pid = self.pid;
-        let _ = std::fs::create_dir_all(world.mailbox_dir(pid));
+        let id = self.id;
+        let me = own_identity();
+        (entry.pid_ns, entry.nspid) = (me.ns, me.pid);
+        entry.pid = host_pid_hint(&world);
+        let _ = std::fs::create_dir_all(world.mailbox_dir(id));
         // The world may still hold the dead incarnation of a process restored twice from the
         // same images (RUNNING or LOCKED): what this process holds wins. FAILED is kept.
         let _ = world.update(|st| {
-            let stale = st.processes.get(&pid).is_none_or(|e| {
+            let stale = st.processes.get(&id).is_none_or(|e| {
                 matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
             });
             if stale {
-                st.processes.insert(pid, entry);
+                st.processes.insert(id, entry);
             }
         });
     }
 
+    /// Re-announces the process when its pid namespace changed since it last announced itself
+    /// (CRIU restored it into a new one): the world's entry takes the identity it has now, and
+    /// its host pid when it can tell it (else the entry's host pid is unknown until a caller
+    /// that sees the host's pids finds the process). Costs one `readlink` when nothing changed.
+    fn follow_namespace(&self) {
+        let Some(ns) = pidns::own_pid_ns() else {
+            return;
+        };
+        if self.announced_ns.load(SeqCst) == ns {
+            return;
+        }
+        let world = self.world();
+        let me = own_identity();
+        let host_pid = host_pid_hint(&world);
+        let tid = crate::ffi::sys::gettid();
+        let id = self.id;
+        let updated = world.update(|st| {
+            if let Some(e) = st.processes.get_mut(&id) {
+                (e.pid_ns, e.nspid, e.pid) = (me.ns, me.pid, host_pid);
+                e.restore_tid = tid;
+            }
+        });
+        if updated.is_ok() {
+            self.announced_ns.store(ns, SeqCst);
+        }
+    }
+
     fn set_state(&self, state: CUprocessState) -> CUresult {
         self.gate.state.store(state.0, SeqCst);
-        let pid = self.pid;
+        let id = self.id;
         let r = self.world().update(|st| {
-            if let Some(e) = st.processes.get_mut(&pid) {
+            if let Some(e) = st.processes.get_mut(&id) {
                 e.state = state.0;
             }
         });
@@ -454,17 +566,17 @@ impl Runtime {
     /// Moves every allocation from the world into this process's memory.
     fn checkpoint_memory(&self) -> Result<(), CUresult> {
         let world = &*self.world();
-        let pid = self.pid;
+        let id = self.id;
         let allocations = world
             .read_state()
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
             .processes
-            .get(&pid)
+            .get(&id)
             .map(|e| e.allocations.clone())
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let mut saved = Vec::with_capacity(allocations.len());
         for a in &allocations {
-            let path = world.devmem_path(pid, a.id);
+            let path = world.devmem_path(id, a.id);
             let data = std::fs::read(&path).map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
             saved.push(SavedAlloc {
                 alloc: a.clone(),
@@ -475,7 +587,7 @@ impl Runtime {
         let contexts = world
             .read_state()
             .ok()
-            .and_then(|s| s.processes.get(&pid).map(|e| e.contexts.clone()))
+            .and_then(|s| s.processes.get(&id).map(|e| e.contexts.clone()))
             .unwrap_or_default();
         // Every GPU the process has a context on is part of its checkpoint, used or not.
         for d in &contexts {
@@ -504,18 +616,18 @@ impl Runtime {
         self.transfer(world, Direction::Checkpoint, &parts);
         world
             .update(|st| {
-                if let Some(e) = st.processes.get_mut(&pid) {
+                if let Some(e) = st.processes.get_mut(&id) {
                     e.checkpointed = per_gpu;
                 }
             })
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
         for a in &allocations {
-            let _ = std::fs::remove_file(world.devmem_path(pid, a.id));
+            let _ = std::fs::remove_file(world.devmem_path(id, a.id));
         }
         let mut entry = world
             .read_state()
             .ok()
-            .and_then(|s| s.processes.get(&pid).cloned());
+            .and_then(|s| s.processes.get(&id).cloned());
         if let Some(e) = entry.as_mut() {
             e.state = CUprocessState::CHECKPOINTED.0;
         }
@@ -531,13 +643,13 @@ impl Runtime {
     /// Writes the saved allocations back onto the (possibly remapped) GPUs.
     fn restore_memory(&self, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CUresult> {
         let world = &*self.world();
-        let pid = self.pid;
+        let id = self.id;
         let state = world
             .read_state()
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
         let entry = state
             .processes
-            .get(&pid)
+            .get(&id)
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
         let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
@@ -562,17 +674,17 @@ impl Runtime {
         // resident (and what other restores claimed): the driver allocates before it copies.
         world
             .update(|st| {
-                st.release_dead_claims(crate::ffi::sys::has_restore_thread);
+                st.release_dead_claims(|id, e| world.locate(&e.whereabouts(id)) == Presence::Gone);
                 for n in &need {
                     let cap = world
                         .config()
                         .gpu(n.uuid.0)
                         .map_or(0, |g| g.capacity_bytes());
-                    if st.resident_bytes(n.uuid.0, Some(pid)) + n.bytes > cap {
+                    if st.resident_bytes(n.uuid.0, Some(id)) + n.bytes > cap {
                         return Err(CUresult::ERROR_OUT_OF_MEMORY);
                     }
                 }
-                if let Some(e) = st.processes.get_mut(&pid) {
+                if let Some(e) = st.processes.get_mut(&id) {
                     e.reserved = need.clone();
                 }
                 Ok(())
@@ -580,7 +692,7 @@ impl Runtime {
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)??;
         let release = || {
             let _ = world.update(|st| {
-                if let Some(e) = st.processes.get_mut(&pid) {
+                if let Some(e) = st.processes.get_mut(&id) {
                     e.reserved.clear();
                 }
             });
@@ -589,7 +701,7 @@ impl Runtime {
         self.transfer(world, Direction::Restore, &parts);
         let saved = std::mem::take(&mut *self.saved.lock().unwrap_or_else(|p| p.into_inner()));
         for s in &saved {
-            let path = world.devmem_path(pid, s.alloc.id);
+            let path = world.devmem_path(id, s.alloc.id);
             if std::fs::write(&path, &s.data).is_err() {
                 *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = saved;
                 release();
@@ -597,7 +709,7 @@ impl Runtime {
             }
         }
         let committed = world.update(|st| {
-            if let Some(e) = st.processes.get_mut(&pid) {
+            if let Some(e) = st.processes.get_mut(&id) {
                 for a in &mut e.allocations {
                     a.gpu = GpuUuidText(target(a.gpu.0));
                 }
@@ -649,8 +761,9 @@ impl Runtime {
             return;
         }
         let mut progress = Progress {
-            pid: self.pid,
-            restore_tid: self.restore_tid(),
+            id: self.id,
+            pid: host_pid_hint(world),
+            identity: own_identity(),
             request: self.request.load(SeqCst),
             direction,
             gpus: parts
@@ -670,13 +783,13 @@ impl Runtime {
             let others: Vec<Progress> = world
                 .transfers()
                 .into_iter()
-                .filter(|p| p.pid != self.pid)
+                .filter(|p| p.id != self.id)
                 .collect();
-            let mut all: Vec<Part<i32, GpuUuid>> = others
+            let mut all: Vec<Part<u64, GpuUuid>> = others
                 .iter()
                 .flat_map(|p| {
                     p.gpus.iter().filter(|g| g.active()).map(|g| Part {
-                        process: p.pid,
+                        process: p.id,
                         gpu: g.uuid.0,
                     })
                 })
@@ -686,7 +799,7 @@ impl Runtime {
                 .filter(|&k| progress.gpus[k].active())
                 .collect();
             all.extend(mine.iter().map(|&k| Part {
-                process: self.pid,
+                process: self.id,
                 gpu: parts[k].0,
             }));
             let shares = rates::share(&all, &limits);
@@ -751,16 +864,17 @@ impl Runtime {
         };
         let mut sum: u64 = running
             .iter()
-            .filter(|p| p.pid != self.pid)
+            .filter(|p| p.id != self.id)
             .map(Progress::staged)
             .sum();
         if let Ok(st) = world.read_state() {
-            for (pid, e) in &st.processes {
-                let transferring = running.iter().any(|p| p.pid == *pid);
-                if *pid != self.pid
+            for (id, e) in &st.processes {
+                let transferring = running.iter().any(|p| p.id == *id);
+                // A process the caller cannot see (in another pid namespace) counts as alive.
+                if *id != self.id
                     && !transferring
                     && e.state() == CUprocessState::CHECKPOINTED
-                    && crate::ffi::sys::has_restore_thread(*pid, e.restore_tid)
+                    && world.locate(&e.whereabouts(*id)) != Presence::Gone
                 {
                     sum += e.checkpointed.iter().map(|c| c.bytes).sum::<u64>();
                 }
@@ -774,9 +888,9 @@ impl Runtime {
     fn oom_kill(&self, world: &World, need: u64, room: u64) -> ! {
         eprintln!(
             "mock-libcuda: Out of memory: Killed process {} (its checkpoint needs {need} bytes of host memory; {room} were free)",
-            self.pid
+            std::process::id()
         );
-        world.remove_progress(self.pid);
+        world.remove_progress(self.id);
         crate::ffi::sys::crash(Some("SIGKILL"))
     }
 }

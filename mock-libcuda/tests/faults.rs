@@ -322,7 +322,7 @@ fn kill_target_fault_kills_the_target_and_the_call_fails() {
     let faults = fault("cuCheckpointProcessLock", "", r#"{ kind = "kill-target" }"#);
     let mut w = TestWorld::new(&config(580, &faults));
     let pid = w.spawn_app(&["--kib", "16"]);
-    assert!(w.world.read_state().unwrap().processes.contains_key(&pid));
+    assert!(w.world.read_state().unwrap().by_pid(pid).is_some());
     assert_eq!(driver::lock(pid, 1000), Err(CUresult::ERROR_INVALID_VALUE));
     let stat = read(std::path::Path::new(&format!("/proc/{pid}/stat")));
     assert!(
@@ -330,7 +330,7 @@ fn kill_target_fault_kills_the_target_and_the_call_fails() {
         "the target is dead: {stat}"
     );
     assert!(
-        !w.world.read_state().unwrap().processes.contains_key(&pid),
+        w.world.read_state().unwrap().by_pid(pid).is_none(),
         "its world entry is dropped"
     );
     assert_eq!(

@@ -18,7 +18,11 @@ fn doorbell_and_polled_mailboxes_serve_the_same_requests() {
         &["--kib", "16"],
         &[(mock_libcuda::target::MAILBOX_ENV, "poll")],
     );
-    let bell = |pid: i32| w.path().join(format!("mailbox/{pid}/bell"));
+    // Mailboxes are filed by world id.
+    let bell = |pid: i32| {
+        let id = w.world.read_state().unwrap().by_pid(pid).unwrap().0;
+        w.path().join(format!("mailbox/{id}/bell"))
+    };
     assert!(bell(rung).is_file(), "a target has a doorbell by default");
     assert!(
         !bell(polled).exists(),

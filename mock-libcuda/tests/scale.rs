@@ -73,10 +73,11 @@ fn an_80_gib_task_checkpoints_in_its_modelled_time_with_progress_and_verifies() 
     let mut w = TestWorld::new(&world("time_scale = 40", 80, ""));
     let pid = w.spawn_app(&["--gpus", "0", "--gib", "80"]);
     let state = w.world.read_state().unwrap();
-    let a = &state.processes[&pid].allocations[0];
+    let (id, e) = state.by_pid(pid).unwrap();
+    let a = &e.allocations[0];
     assert_eq!(a.size, 80 * GIB, "accounted at its full size");
     assert!(a.sampled, "an 80 GiB allocation is virtual");
-    let stored = std::fs::metadata(w.path().join("devmem").join(format!("{pid}-{}.bin", a.id)))
+    let stored = std::fs::metadata(w.path().join("devmem").join(format!("{id}-{}.bin", a.id)))
         .unwrap()
         .len();
     assert!(
@@ -120,7 +121,8 @@ fn an_80_gib_task_checkpoints_in_its_modelled_time_with_progress_and_verifies() 
         seen.windows(2).all(|p| p[0].0 <= p[1].0),
         "progress only grows: {seen:?}"
     );
-    let e = &w.world.read_state().unwrap().processes[&pid];
+    let st = w.world.read_state().unwrap();
+    let e = st.by_pid(pid).unwrap().1;
     assert_eq!(e.state(), CUprocessState::CHECKPOINTED);
     assert_eq!(e.checkpointed[0].bytes, 80 * GIB);
 
@@ -209,7 +211,7 @@ fn a_restore_onto_a_gpu_without_room_fails_out_of_memory_and_keeps_the_checkpoin
     }
     let st = w.world.read_state().unwrap();
     assert!(
-        st.processes[&pid].reserved.is_empty(),
+        st.by_pid(pid).unwrap().1.reserved.is_empty(),
         "a failed restore claims nothing"
     );
     assert_eq!(st.resident_bytes(uuid(GPU1), None), 50 * GIB);
@@ -314,7 +316,7 @@ fn virtual_memory_is_enforced_against_capacity_and_small_tasks_stay_real() {
     let mut w = TestWorld::new(&world("", 40, ""));
     let small = w.spawn_app(&["--gpus", "2", "--kib", "64"]);
     let st = w.world.read_state().unwrap();
-    assert!(!st.processes[&small].allocations[0].sampled);
+    assert!(!st.by_pid(small).unwrap().1.allocations[0].sampled);
     // 40 GiB on GPU2 holds 64 KiB already: 40 GiB more does not fit.
     let report = w.path().join("big.txt");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mock-cuda-app"));

@@ -232,7 +232,7 @@ fn reconfiguring_keeps_state_and_rebuilds_the_library_when_symbols_change() {
         .read_state()
         .unwrap();
     assert!(
-        st.processes.contains_key(&pid),
+        st.by_pid(pid).is_some(),
         "the running workload is still known"
     );
     let bad = config(

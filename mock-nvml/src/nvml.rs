@@ -13,8 +13,12 @@
 //!   claimed); free is the rest. Nothing is reserved for the driver.
 //! * **Compute processes** of a GPU: every live CUDA process of the world with a context on it
 //!   that holds GPU state (running or locked, or restoring onto it), with the bytes it uses
-//!   there, by the pid the process registered with (its host pid unless it runs in a pid
-//!   namespace), in increasing pid order. A checkpointed process released its GPU and is not
+//!   there, by host pid (its pid in the pid namespace of the world's host, whatever namespace
+//!   the process or the caller lives in, as the real NVML reports from the root namespace), in
+//!   increasing pid order. A caller that sees the host's pids finds them now; a caller inside
+//!   a pid namespace reports the host pids the world last knew, and leaves out a process whose
+//!   host pid no one has seen yet (it registered inside a pid namespace with its own `/proc`
+//!   and no process of the host has asked about it). A checkpointed process released its GPU and is not
 //!   listed. MIG is not modelled: the instance ids are "not available".
 //!
 //! Variable-length answers follow NVML's protocols: a string buffer shorter than the answer
@@ -24,6 +28,7 @@
 use abi::nvml::{NvmlReturn, NVML_INIT_FLAG_NO_ATTACH, NVML_INIT_FLAG_NO_GPUS};
 use abi::CUprocessState;
 use mock_cuda_world::config::{FaultAction, GpuConfig};
+use mock_cuda_world::pidns::{self, Presence};
 use mock_cuda_world::World;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -237,9 +242,17 @@ pub struct ComputeProcess {
 fn compute_processes(w: &World, d: usize) -> R<Vec<ComputeProcess>> {
     let g = gpu(w, d)?.uuid;
     let st = w.read_state().map_err(|_| NvmlReturn::ERROR_UNKNOWN)?;
+    let host_view = w.host_view();
     let mut out = Vec::new();
-    for (&pid, e) in &st.processes {
-        if !mock_cuda_world::sys::has_restore_thread(pid, e.restore_tid) {
+    for (&id, e) in &st.processes {
+        // Host pids, as NVML reports from any namespace: the one found now when this process
+        // sees the host's pids, else the last one the world knew.
+        let pid = match (pidns::locate(&e.whereabouts(id), host_view), host_view) {
+            (Presence::Gone, _) => continue,
+            (Presence::Here(p), true) => p,
+            _ => e.pid,
+        };
+        if pid <= 0 {
             continue;
         }
         let holds = matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED);
@@ -258,6 +271,7 @@ fn compute_processes(w: &World, d: usize) -> R<Vec<ComputeProcess>> {
             out.push(ComputeProcess { pid, used });
         }
     }
+    out.sort_by_key(|p| p.pid);
     Ok(out)
 }
 

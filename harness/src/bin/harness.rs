@@ -7,7 +7,7 @@
 //! time) and prints a table: scenario, host, backend, result, time.
 //!
 //! `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]` runs the fault sweep
-//! (`harness::sweep`) and prints its table: call, fault, phase, task, host, outcome, check.
+//! (`harness::sweep`) and prints its table: call, fault, phase, task, host, tree, outcome, check.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -126,12 +126,13 @@ fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
     let results = sweep::run_all(&cases, &art, jobs, &|r| {
         let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         eprintln!(
-            "[{n}/{total}] {:.1}s {} {} {} {}: {} [{}]",
+            "[{n}/{total}] {:.1}s {} {} {} {} {}: {} [{}]",
             r.elapsed.as_secs_f64(),
             r.case.call,
             r.case.fault.name(),
             r.case.target.name(),
             r.case.profile,
+            r.case.tree.name(),
             r.outcome,
             sweep::check_text(r)
         );

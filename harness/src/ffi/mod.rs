@@ -5,6 +5,8 @@
 //! * [`host`]: the Rust side of the exported host symbols (the `harness_rs_*` callbacks the C
 //!   shim forwards to), the writes to the exported `opts`/`fi_strategy` data, and the SIGALRM
 //!   handler of the freeze timeout.
+//! * [`spawn`]: starting a workload tree that inherits no stray descriptor.
 
 pub mod dl;
 pub mod host;
+pub mod spawn;

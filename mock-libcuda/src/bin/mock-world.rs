@@ -12,6 +12,8 @@ use abi::CUprocessState;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use mock_libcuda::world::config::WorldConfig;
+use mock_libcuda::world::pidns::{self, Presence};
+use mock_libcuda::world::state::{ProcessEntry, StateFile};
 use mock_libcuda::world::World;
 use std::path::{Path, PathBuf};
 
@@ -53,7 +55,9 @@ enum Cmd {
         #[arg(long)]
         nvml_lib: Option<PathBuf>,
     },
-    /// Print the CUDA processes of a world.
+    /// Print the CUDA processes of a world: host pid (`?` when unknown), the restore thread's
+    /// tid as seen from here (`-` when the process is gone), state, memory, namespace pid and
+    /// pid namespace. `--json`: the state, processes keyed by host pid.
     Status {
         dir: PathBuf,
         #[arg(long)]
@@ -107,6 +111,36 @@ fn warn_no_nvml(w: &World) {
         w.dir().display(),
         mock_libcuda::world::NVML_LIB
     );
+}
+
+/// One process of `mock-world status`: its entry, where it is now, its host pid (found now, or
+/// the last one known) and its restore thread's tid as this process sees them.
+struct Row<'a> {
+    id: u64,
+    entry: &'a ProcessEntry,
+    present: &'static str,
+    pid: i32,
+    tid: Option<i32>,
+}
+
+fn status_rows<'a>(w: &World, st: &'a StateFile) -> Vec<Row<'a>> {
+    st.processes
+        .iter()
+        .map(|(&id, e)| {
+            let (present, pid, tid) = match w.locate(&e.whereabouts(id)) {
+                Presence::Here(p) => ("here", p, pidns::restore_thread(p, id)),
+                Presence::Gone => ("gone", e.pid, None),
+                Presence::Unknown => ("unknown", e.pid, None),
+            };
+            Row {
+                id,
+                entry: e,
+                present,
+                pid,
+                tid,
+            }
+        })
+        .collect()
 }
 
 fn read_config(path: &Path) -> Result<WorldConfig> {
@@ -174,20 +208,42 @@ fn main() -> Result<()> {
             let w = World::open(&dir)?;
             let st = w.read_state()?;
             let transfers = w.transfers();
+            let rows = status_rows(&w, &st);
             if json {
-                // The state file, plus the transfers in progress.
+                // The state file, its processes keyed by host pid (or `id<N>` for one whose
+                // host pid is unknown), plus the transfers in progress.
                 let mut v = serde_json::to_value(&st)?;
+                let mut procs = serde_json::Map::new();
+                for r in &rows {
+                    let mut e = serde_json::to_value(r.entry)?;
+                    e["id"] = r.id.into();
+                    e["present"] = r.present.into();
+                    if let Some(tid) = r.tid {
+                        e["restore_tid"] = tid.into();
+                    }
+                    let key = if r.pid > 0 {
+                        r.pid.to_string()
+                    } else {
+                        format!("id{}", r.id)
+                    };
+                    // A live process wins over a dead one whose pid it reuses.
+                    if r.present == "here" || !procs.contains_key(&key) {
+                        procs.insert(key, e);
+                    }
+                }
+                v["processes"] = serde_json::Value::Object(procs);
                 v["transfers"] = serde_json::to_value(&transfers)?;
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!(
-                    "{:>8} {:>8} {:<13} {:>7} {:>15} {:>15}  gpus",
-                    "pid", "tid", "state", "allocs", "bytes", "staged"
+                    "{:>8} {:>8} {:<13} {:>7} {:>15} {:>15} {:>6} {:>12}  gpus",
+                    "pid", "tid", "state", "allocs", "bytes", "staged", "nspid", "pid-ns"
                 );
-                for (pid, e) in &st.processes {
+                for r in &rows {
+                    let e = r.entry;
                     let bytes: u64 = e.allocations.iter().map(|a| a.size).sum();
                     let gpus: Vec<String> = e.contexts.iter().map(|g| g.0.to_string()).collect();
-                    let transfer = transfers.iter().find(|t| t.pid == *pid);
+                    let transfer = transfers.iter().find(|t| t.id == r.id);
                     // Host memory the process's checkpoint holds: what a transfer in progress
                     // has staged so far, all of it once checkpointed.
                     let staged = match transfer {
@@ -197,11 +253,18 @@ fn main() -> Result<()> {
                         }
                         None => 0,
                     };
+                    let pid = if r.pid > 0 {
+                        r.pid.to_string()
+                    } else {
+                        "?".to_owned()
+                    };
+                    let tid = r.tid.map_or_else(|| "-".to_owned(), |t| t.to_string());
                     println!(
-                        "{pid:>8} {:>8} {:<13} {:>7} {bytes:>15} {staged:>15}  {}",
-                        e.restore_tid,
+                        "{pid:>8} {tid:>8} {:<13} {:>7} {bytes:>15} {staged:>15} {:>6} {:>12}  {}",
                         e.state().to_string(),
                         e.allocations.len(),
+                        e.nspid,
+                        e.pid_ns,
                         gpus.join(",")
                     );
                     if let Some(t) = transfer {

@@ -3,7 +3,8 @@
 //! (file locks, liveness, `crash`) live in `mock-cuda-world` and are re-exported here.
 
 pub use mock_cuda_world::ffi::crash;
-pub use mock_cuda_world::sys::{alive, has_restore_thread, stopped, FileLock};
+pub use mock_cuda_world::pidns::tgid_of;
+pub use mock_cuda_world::sys::{alive, stopped, FileLock};
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
@@ -13,23 +14,6 @@ use std::time::{Duration, Instant};
 #[must_use]
 pub fn gettid() -> i32 {
     nix::unistd::gettid().as_raw()
-}
-
-/// The process (thread group) a pid or tid belongs to, if it exists.
-#[must_use]
-pub fn tgid_of(id: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{id}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("Tgid:"))?;
-    line["Tgid:".len()..].trim().parse().ok()
-}
-
-/// The restore thread of `pid`, found by its name, when the process has one.
-#[must_use]
-pub fn find_restore_thread(pid: i32) -> Option<i32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .find(|&tid| has_restore_thread(pid, tid))
 }
 
 /// Kills `pid` with SIGKILL and waits (bounded) until it is gone or a zombie.
