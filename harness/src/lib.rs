@@ -9,6 +9,8 @@
 //!   list, image directories and the image streamer, `--plugin-option`, option metadata.
 //! * [`log`], [`trace`]: CRIU-style logs and the normalised call trace.
 //! * [`cli`]: the command line shared by the engine executables.
+//! * [`compel`]: the CRIU and compel functions C plugins link against (`compel_wait_task`,
+//!   `parse_pid_status`, `find_unused_fd_pid`).
 //! * [`scenario`]: the regression scenario file format; [`runner`]: its executor.
 //! * [`sweep`]: the fault sweep (`harness sweep`).
 //! * `ffi`: every `unsafe` block (dlopen and plugin calls, the exported host callbacks).
@@ -22,6 +24,7 @@ pub mod log;
 pub mod trace;
 
 pub mod cli;
+pub mod compel;
 pub mod engine;
 #[expect(
     unsafe_code,
