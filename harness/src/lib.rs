@@ -11,7 +11,9 @@
 //! * [`cli`]: the command line shared by the engine executables.
 //! * [`compel`]: the CRIU and compel functions C plugins link against (`compel_wait_task`,
 //!   `parse_pid_status`, `find_unused_fd_pid`).
-//! * [`scenario`]: the regression scenario file format; [`runner`]: its executor.
+//! * [`scenario`]: the regression scenario file format; [`runner`]: its executor; [`kit`]: the
+//!   plugin under test and which scenarios apply to it (the conformance kit); [`junit`]: JUnit
+//!   XML of a run; [`conformance`]: the conformance table of several plugins.
 //! * [`sweep`]: the fault sweep (`harness sweep`).
 //! * `ffi`: every `unsafe` block (dlopen and plugin calls, the exported host callbacks).
 //!
@@ -25,6 +27,7 @@ pub mod trace;
 
 pub mod cli;
 pub mod compel;
+pub mod conformance;
 pub mod engine;
 #[expect(
     unsafe_code,
@@ -34,6 +37,8 @@ pub mod ffi;
 pub mod host;
 pub mod images;
 pub mod inventory;
+pub mod junit;
+pub mod kit;
 pub mod meta;
 pub mod options;
 mod procfs;
