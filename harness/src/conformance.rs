@@ -235,10 +235,10 @@ pub fn render(t: &Table) -> String {
             *why.entry(short.to_owned()).or_default() += 1;
         }
         if !why.is_empty() {
-            md.push_str("\nNot applicable:");
-            let parts: Vec<String> = why.iter().map(|(w, n)| format!(" {w} ({n})")).collect();
-            md.push_str(&parts.join(";"));
-            md.push_str(".\n");
+            md.push_str("\nNot applicable:\n\n");
+            for (w, n) in &why {
+                let _ = writeln!(md, "- {} ({n})", cell_md(w));
+            }
         }
         md.push('\n');
     }
@@ -382,7 +382,10 @@ mod tests {
             md.contains("- `cuda/a`: task gpu: CUDA state locked, expected running"),
             "{md}"
         );
-        assert!(md.contains("Not applicable: needs device-map (1)."), "{md}");
+        assert!(
+            md.contains("Not applicable:\n\n- needs device-map (1)\n"),
+            "{md}"
+        );
     }
 
     #[test]

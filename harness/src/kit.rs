@@ -247,7 +247,12 @@ pub fn applicability(s: &Scenario, put: &PluginUnderTest, art: &Artifacts) -> Re
             "driver-api"
         };
         if column != want {
-            return Err(format!("pins backend {pinned}"));
+            let shown: String = if pinned.chars().count() > 24 {
+                format!("{}…", pinned.chars().take(16).collect::<String>())
+            } else {
+                pinned.to_owned()
+            };
+            return Err(format!("pins backend {shown}"));
         }
     }
     if !put.ours || s.plugins.iter().any(|p| p.path.is_some()) {

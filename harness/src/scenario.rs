@@ -862,9 +862,9 @@ impl Scenario {
     ///   "driver-api"`, or a fault on a driver-API function (`cuCheckpointProcess*`):
     ///   `driver-api`;
     /// * `cuda_plugin.device-map`: `device-map`; `cuda_plugin.timeout`: `call-timeout`; both, and
-    ///   every other `cuda_plugin.*` option except a `backend` of `driver-api` or
-    ///   `cuda-checkpoint` (a plugin without options simply has that backend or not): also
-    ///   `plugin-options`;
+    ///   every other `cuda_plugin.*` option except a `backend` of `driver-api`,
+    ///   `cuda-checkpoint` or `auto` (a plugin without options simply has that backend or not,
+    ///   and `auto` is the default): also `plugin-options`;
     /// * a step that removes, rewrites or replaces one of the plugin's image files (`cuda-*`):
     ///   `custom-storage`;
     /// * `[expect] gpus` naming a GPU the scenario's `[world]` did not have at the dump (the
@@ -882,7 +882,8 @@ impl Scenario {
             let shown = format!("sets {OPTION_NAMESPACE}.{key}");
             match (key, value) {
                 ("backend", "driver-api") => add(Capability::DriverApi, format!("{shown}={value}")),
-                ("backend", "cuda-checkpoint") => {}
+                // The utility (every plugin has it), or the default: nothing to ask for.
+                ("backend", "cuda-checkpoint" | "auto") => {}
                 ("device-map", _) => {
                     add(Capability::DeviceMap, shown.clone());
                     add(Capability::PluginOptions, shown);
