@@ -257,7 +257,15 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
         runs.push(rows);
     }
     let table = conformance::Table::from_runs(&columns, &runs);
-    let md = conformance::render(&table);
+    let mut descriptions = std::collections::BTreeMap::new();
+    for p in &paths {
+        for (name, file) in runner::collect(p) {
+            if let Ok(s) = harness::scenario::Scenario::load(&file) {
+                descriptions.insert(name, s.description);
+            }
+        }
+    }
+    let md = conformance::render(&table, &descriptions);
     if let Some(f) = &out {
         std::fs::write(f, &md).with_context(|| format!("writing {}", f.display()))?;
         println!("wrote {}", f.display());
