@@ -27,8 +27,9 @@
 #   --c-plugin  also build CRIU's own C cuda_plugin.so of each fetched version from Debian's
 #               `criu` source package (for `harness run --plugin` and `harness conformance`):
 #                 1. installs the packages the partial build needs (gcc, make, libc6-dev,
-#                    pkgconf; dpkg-dev and xz-utils for `apt-get source`) with the system's
-#                    apt-get, as .ci/run installs packages (root or sudo; only missing ones),
+#                    pkgconf; dpkg-dev and xz-utils for `apt-get source`, binutils to check
+#                    the result) with the system's apt-get, as .ci/run installs packages
+#                    (root or sudo; only the missing ones),
 #                 2. `apt-get source criu=<debian version>` with a private apt configuration
 #                    (deb-src lines of the same suite) under target/criu/apt-src; apt checks
 #                    every file against the signed Sources index. A mirror that serves the
@@ -189,9 +190,9 @@ smoke() {
 # ------------------------------------------------------------ CRIU's C plugin
 
 # Packages the partial build of plugins/cuda needs (none of criu's library Build-Depends:
-# only CRIU's headers, compel's host tool and the plugin itself are built), and what
-# `apt-get source` needs to unpack a source package.
-c_plugin_packages=(gcc make libc6-dev pkgconf dpkg-dev xz-utils)
+# only CRIU's headers, compel's host tool and the plugin itself are built), what
+# `apt-get source` needs to unpack a source package, and readelf to check the result.
+c_plugin_packages=(gcc make libc6-dev pkgconf dpkg-dev xz-utils binutils)
 
 # install_build_packages: install the missing ones with the system's apt-get, as .ci/run
 # does (only this step touches the system, and only to add these packages).
