@@ -183,7 +183,7 @@ pub enum Fault {
     PluginFails,
     /// The post-dump action script fails ([`LATE_CALLS`]).
     ScriptFails,
-    /// The task's image is damaged between the dump and the restore ([`IMAGE_CALL`]).
+    /// The task's image is damaged between the dump and the restore ([`IMAGE_CALLS`]).
     Image(ImageDamage),
 }
 
