@@ -30,7 +30,7 @@ pub struct Column {
 }
 
 /// The C plugins `scripts/fetch-criu.sh --c-plugin` built: `target/criu/c-plugins` (or
-/// `$CRIU_CUDA_CRIU_DIR/c-plugins`), "<version> <path>" per line.
+/// `$CRIU_CUDA_CRIU_DIR/c-plugins`), `<version> <path>` per line.
 #[must_use]
 pub fn c_plugins(workspace: &Path) -> Vec<(String, PathBuf)> {
     let list = std::env::var_os("CRIU_CUDA_CRIU_DIR")
