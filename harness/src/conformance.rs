@@ -177,8 +177,9 @@ another plugin.
 - **pass**: every outcome held: CRIU's exit status at each step, every task's final state
   (running, parked or gone; never left stopped or traced) and final CUDA state (never left
   locked by mistake), the GPU data each task verifies and on which GPUs, nothing left behind,
-  and bounded time. For this project's plugin, its log lines, backend lines and transcript
-  snapshots are checked too.
+  bounded time, and that an image holding GPU state requires the plugin (its inventory entry).
+  For this project's plugin, its log lines, backend lines and transcript snapshots are checked
+  too.
 - **fail**: the first expectation that did not hold.
 - **n.a.**: the scenario needs what the plugin does not offer (a capability:
   `plugin-options`, `driver-api`, `device-map`, `call-timeout`, `restore-as-dumped`,

@@ -4,8 +4,9 @@
 //! Every scenario's **outcomes** apply to every plugin: each CRIU step's exit status, every
 //! task's final state (running, parked or gone; not stopped, not traced), every task's final CUDA
 //! state in the mock world (so not left locked), the GPU data each task verifies and on which
-//! GPUs, the tasks a fault killed, nothing left behind, and bounded time (`within`, and the
-//! step watchdog). **This project's plugin's specifics** apply to it alone: the backend line it
+//! GPUs, the tasks a fault killed, nothing left behind, bounded time (`within`, and the step
+//! watchdog), and, after a dump that left GPU state in the image, that the image requires the
+//! plugin by its inventory name ([`PluginUnderTest::name`]). **This project's plugin's specifics** apply to it alone: the backend line it
 //! logs (`backend = ...` on a step), the log substrings (`error`, `log`), and the transcript
 //! snapshots.
 //!

@@ -1193,6 +1193,9 @@ impl Exec<'_> {
                 context()
             ));
         }
+        if step.action == Action::Dump && got == Outcome::Ok && !step.leave_running {
+            self.check_inventory(i, verb)?;
+        }
         if !self.put.ours {
             // The log lines and the backend line are this project's plugin's.
             return Ok(());
@@ -1221,6 +1224,52 @@ impl Exec<'_> {
             }
         }
         Ok(())
+    }
+
+    /// After a dump that left a CUDA task checkpointed: the image requires the CUDA plugin by
+    /// its inventory name (so a restore without it fails instead of releasing tasks without
+    /// their GPU state). Read from the harness's `inventory.json`, or found in CRIU's
+    /// `inventory.img`; nothing to check without either, or with an image of the older format
+    /// (no plugin list).
+    fn check_inventory(&self, i: usize, verb: &str) -> Result<(), String> {
+        if self.world.is_none() {
+            return Ok(());
+        }
+        let st = self.world_status()?;
+        let checkpointed = self
+            .s
+            .workload
+            .tasks
+            .iter()
+            .filter(|t| t.cuda)
+            .filter_map(|t| self.pids.get(&t.name))
+            .any(|pid| cuda_state_name(&st["processes"][pid.to_string()]) == "checkpointed");
+        if !checkpointed {
+            return Ok(());
+        }
+        let img = self.dir.join("img");
+        let name = &self.put.name;
+        let listed =
+            if let Ok(text) = std::fs::read_to_string(img.join(crate::inventory::FILE_NAME)) {
+                let v: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| format!("step {i} ({verb}): inventory.json: {e}"))?;
+                match v["plugins"].as_array() {
+                    None => return Ok(()),
+                    Some(list) => list.iter().any(|p| p.as_str() == Some(name.as_str())),
+                }
+            } else if let Ok(raw) = std::fs::read(img.join("inventory.img")) {
+                raw.windows(name.len()).any(|w| w == name.as_bytes())
+            } else {
+                return Ok(());
+            };
+        if listed {
+            Ok(())
+        } else {
+            Err(format!(
+                "step {i} ({verb}): the image holds GPU state but does not require plugin {name}\n\
+                 a restore without the plugin would release the tasks without their GPU state"
+            ))
+        }
     }
 
     /// New lines of the world's trace, without the workload's own calls, normalised.
