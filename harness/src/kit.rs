@@ -3,7 +3,8 @@
 //!
 //! Every scenario's **outcomes** apply to every plugin: each CRIU step's exit status, every
 //! task's final state (running, parked or gone; not stopped, not traced), every task's final CUDA
-//! state in the mock world (so not left locked), the GPU data each task verifies and on which
+//! state in the mock world (the ones the scenario names, and running for every other CUDA task
+//! of a tree that ends running: nothing left locked), the GPU data each task verifies and on which
 //! GPUs, the tasks a fault killed, nothing left behind, bounded time (`within`, and the step
 //! watchdog), and, after a dump that left GPU state in the image, that the image requires the
 //! plugin by its inventory name ([`PluginUnderTest::name`]). **This project's plugin's specifics** apply to it alone: the backend line it

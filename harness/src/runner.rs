@@ -1500,6 +1500,24 @@ impl Exec<'_> {
                 }
             }
         }
+        if s.expect.tasks == TaskState::Running && self.world.is_some() {
+            // Nothing left locked: a running CUDA task whose state the scenario does not pin is
+            // running in the world too (or not a CUDA process at all).
+            let st = self.world_status()?;
+            for t in s.workload.tasks.iter().filter(|t| t.cuda) {
+                if s.expect.cuda_state.contains_key(&t.name) || s.expect.dead.contains(&t.name) {
+                    continue;
+                }
+                let pid = self.pids[&t.name];
+                let got = cuda_state_name(&st["processes"][pid.to_string()]);
+                if !["running", "none"].contains(&got) {
+                    return Err(format!(
+                        "task {}: CUDA state {got}, expected running (nothing may be left {got})\n{}",
+                        t.name, self.transcript
+                    ));
+                }
+            }
+        }
         if s.expect.gpu_data_verified.is_some() || !s.expect.gpus.is_empty() {
             let verdicts = self.verify_data(&alive)?;
             if let Some(want) = s.expect.gpu_data_verified {
