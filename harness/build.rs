@@ -11,6 +11,7 @@ struct Profile {
     bin: &'static str,
     tag: &'static str,
     hooks: u32,
+    opts_size: u32,
     inventory_query: bool,
     plugin_options: bool,
 }
@@ -20,6 +21,7 @@ const PROFILES: &[Profile] = &[
         bin: "harness-engine-41",
         tag: "41",
         hooks: 12,
+        opts_size: 0x1f8,
         inventory_query: false,
         plugin_options: false,
     },
@@ -27,6 +29,7 @@ const PROFILES: &[Profile] = &[
         bin: "harness-engine-42",
         tag: "42",
         hooks: 13,
+        opts_size: 0x200,
         inventory_query: false,
         plugin_options: false,
     },
@@ -34,6 +37,7 @@ const PROFILES: &[Profile] = &[
         bin: "harness-engine-upstream",
         tag: "upstream",
         hooks: 16,
+        opts_size: 0x200,
         inventory_query: true,
         plugin_options: true,
     },
@@ -41,6 +45,7 @@ const PROFILES: &[Profile] = &[
         bin: "harness-engine-pr3076",
         tag: "pr3076",
         hooks: 17,
+        opts_size: 0x200,
         inventory_query: true,
         plugin_options: true,
     },
@@ -59,6 +64,13 @@ const COMMON_SYMBOLS: &[&str] = &[
     "cr_plugin_ctl",
     "opts",
     "fi_strategy",
+    // CRIU and compel functions CRIU 4.1/4.2's C plugins link against (cuda_plugin.c:
+    // close_fds, compel_wait_task, parse_pid_status; amdgpu: find_unused_fd_pid). Debian's
+    // criu 4.1.1 and 4.2.1 export all four (harness/tests/criu_symbols.rs checks).
+    "close_fds",
+    "compel_wait_task",
+    "parse_pid_status",
+    "find_unused_fd_pid",
 ];
 
 fn main() {
@@ -72,6 +84,7 @@ fn main() {
         let objects = cc::Build::new()
             .file("csrc/host.c")
             .define("HOST_HOOKS", p.hooks.to_string().as_str())
+            .define("HOST_OPTS_SIZE", p.opts_size.to_string().as_str())
             .define(
                 "HOST_INVENTORY_QUERY",
                 if p.inventory_query { "1" } else { "0" },

@@ -21,9 +21,29 @@
 #
 # Running it again is a fast no-op while every wrapper is present and answers
 # --version. Options:
-#   --force   download and unpack again even if a working copy is present
-#   --smoke   also dump and restore a `setsid sleep` with each version (needs root)
-#   -h|--help print this help
+#   --force     download and unpack again even if a working copy is present (and, with
+#               --c-plugin, build the C plugins again)
+#   --smoke     also dump and restore a `setsid sleep` with each version (needs root)
+#   --c-plugin  also build CRIU's own C cuda_plugin.so of each fetched version from Debian's
+#               `criu` source package (for `harness run --plugin` and `harness conformance`):
+#                 1. installs the packages the partial build needs (gcc, make, libc6-dev,
+#                    pkgconf; dpkg-dev and xz-utils for `apt-get source`, binutils to check
+#                    the result) with the system's apt-get, as .ci/run installs packages
+#                    (root or sudo; only the missing ones),
+#                 2. `apt-get source criu=<debian version>` with a private apt configuration
+#                    (deb-src lines of the same suite) under target/criu/apt-src; apt checks
+#                    every file against the signed Sources index. A mirror that serves the
+#                    upstream tarball but not Debian's .dsc/.debian.tar.xz gets a warning and
+#                    the plugin is built from that (verified) upstream tarball alone, without
+#                    Debian's patches; target/criu/<version>/c-plugin/BUILD-INFO says which,
+#                 3. the partial build: CRIU's version and config headers, compel's host tool
+#                    (`compel-host includes` gives the plugin its include path), then
+#                    `make -C plugins/cuda ARCH=x86`, upstream's own Makefile and flags,
+#                 4. puts it at target/criu/<version>/c-plugin/cuda_plugin.so, checks that it
+#                    is a shared object exporting CR_PLUGIN_DESC, and rewrites
+#                    target/criu/c-plugins: "<version> <absolute path>" per line.
+#               The system's own CRIU (if any) is not touched. A second run is a no-op.
+#   -h|--help   print this help
 # Environment:
 #   CRIU_CUDA_CRIU_DIR        where to put everything (default: <repo>/target/criu)
 #   CRIU_CUDA_DEBIAN_MIRROR   Debian mirror URL (default: http://deb.debian.org/debian)
@@ -41,10 +61,12 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 force=0
 smoke=0
+c_plugin=0
 for arg in "$@"; do
     case "$arg" in
     --force) force=1 ;;
     --smoke) smoke=1 ;;
+    --c-plugin) c_plugin=1 ;;
     -h | --help)
         usage
         exit 0
@@ -165,13 +187,140 @@ smoke() {
     say "smoke: dump + restore of pid $pid with $criu: ok"
 }
 
+# ------------------------------------------------------------ CRIU's C plugin
+
+# Packages the partial build of plugins/cuda needs (none of criu's library Build-Depends:
+# only CRIU's headers, compel's host tool and the plugin itself are built), what
+# `apt-get source` needs to unpack a source package, and readelf to check the result.
+c_plugin_packages=(gcc make libc6-dev pkgconf dpkg-dev xz-utils binutils)
+
+# install_build_packages: install the missing ones with the system's apt-get, as .ci/run
+# does (only this step touches the system, and only to add these packages).
+install_build_packages() {
+    local p missing=() sudo_=""
+    for p in "${c_plugin_packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ "${#missing[@]}" = 0 ] && return 0
+    [ "$(id -u)" = 0 ] || sudo_=sudo
+    say "C plugin: installing ${missing[*]} (system apt-get)"
+    $sudo_ apt-get -q update </dev/null >/dev/null || die "apt-get update failed"
+    $sudo_ apt-get -q install -y --no-install-recommends "${missing[@]}" </dev/null >/dev/null ||
+        die "apt-get install ${missing[*]} failed"
+}
+
+# build_c_plugin DIR: build CRIU's cuda_plugin.so for the copy of CRIU in DIR (its marker
+# names the Debian version and suite) into DIR/c-plugin/.
+build_c_plugin() {
+    local dir=$1 ver debver suite dest work src orig patched t0 so
+    ver=$(sed -n 's/^version=//p' "$dir/$marker_name")
+    debver=$(sed -n 's/^debian_version=//p' "$dir/$marker_name")
+    suite=$(sed -n 's/^suite=//p' "$dir/$marker_name")
+    dest=$dir/c-plugin
+    t0=$SECONDS
+    rm -rf "$dest"
+    work=$dest/src
+    mkdir -p "$work"
+    # apt-get source unpacks with dpkg-source; a mirror that lacks Debian's packaging files
+    # makes it fail after the upstream tarball arrived (and was checked).
+    patched=yes
+    if ! (cd "$work" && apt-get "${PRIVATE_APT_OPTS[@]}" source "criu=$debver") >"$dest/source.log" 2>&1; then
+        orig=$(find "$work" -maxdepth 1 -name "criu_$ver.orig.tar.*" | head -n1)
+        [ -n "$orig" ] || {
+            cat "$dest/source.log" >&2
+            die "apt-get source criu=$debver ($suite) failed (log above, also in $dest/source.log)"
+        }
+        say "WARNING: C plugin $ver: the mirror has no Debian packaging for criu $debver (see $dest/source.log); building from the upstream tarball $(basename "$orig") alone, which apt checked against the signed Sources index, without Debian's patches"
+        patched=no
+        mkdir -p "$work/criu-$ver"
+        tar -C "$work/criu-$ver" --strip-components=1 -xf "$orig" || die "unpacking $orig failed"
+    fi
+    src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'criu-*' | head -n1)
+    [ -n "$src" ] && [ -f "$src/plugins/cuda/cuda_plugin.c" ] || die "criu $debver's source has no plugins/cuda/cuda_plugin.c"
+    # The partial build: the generated headers the plugin includes, compel's host tool (the
+    # plugin's Makefile asks it for compel's include path), then upstream's plugin Makefile.
+    if ! make -C "$src" -j"$(nproc)" ARCH=x86 criu/include/version.h include/common/asm \
+        include/common/config.h compel/compel-host-bin >"$dest/build.log" 2>&1 ||
+        ! make -C "$src/plugins/cuda" ARCH=x86 >>"$dest/build.log" 2>&1; then
+        tail -n 30 "$dest/build.log" >&2
+        die "building criu $ver's plugins/cuda failed (log above, also in $dest/build.log)"
+    fi
+    so=$src/plugins/cuda/cuda_plugin.so
+    readelf -h "$so" 2>/dev/null | grep -q 'Type: *DYN' || die "$so is not a shared object"
+    readelf --dyn-syms -W "$so" | awk '$7 != "UND" {print $8}' | grep -qx CR_PLUGIN_DESC ||
+        die "$so does not export CR_PLUGIN_DESC"
+    cp "$so" "$dest/cuda_plugin.so"
+    {
+        echo "version=$ver"
+        echo "debian_version=$debver"
+        echo "suite=$suite"
+        echo "debian_patches=$patched"
+        echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        echo "compiler=$(cc --version | head -n1)"
+    } >"$dest/BUILD-INFO"
+    say "C plugin $ver: built $dest/cuda_plugin.so in $((SECONDS - t0)) s (Debian patches: $patched)"
+}
+
+# c_plugin_built DIR: whether DIR/c-plugin holds the plugin of DIR's CRIU (and no rebuild
+# was asked for).
+c_plugin_built() {
+    local dir=$1
+    [ "$force" = 0 ] && [ -f "$dir/c-plugin/cuda_plugin.so" ] &&
+        grep -qx "debian_version=$(sed -n 's/^debian_version=//p' "$dir/$marker_name")" "$dir/c-plugin/BUILD-INFO" 2>/dev/null
+}
+
+# build_c_plugins: build the C plugin of every fetched CRIU, then rewrite target/criu/c-plugins.
+build_c_plugins() {
+    local m dir suites="" lines=() s
+    [ "$c_plugin" = 1 ] || return 0
+    for m in "$out"/*/"$marker_name"; do
+        [ -f "$m" ] || continue
+        dir=$(dirname "$m")
+        lines+=("$(sed -n 's/^version=//p' "$m") $dir/c-plugin/cuda_plugin.so")
+        if c_plugin_built "$dir"; then
+            say "C plugin $(basename "$dir"): already built at $dir/c-plugin/cuda_plugin.so (skipping; --force rebuilds)"
+            continue
+        fi
+        s=$(sed -n 's/^suite=//p' "$m")
+        case " $suites " in *" $s "*) ;; *) suites="$suites $s" ;; esac
+    done
+    [ "${#lines[@]}" -gt 0 ] || die "--c-plugin: no fetched CRIU in $out"
+    if [ -z "$suites" ]; then
+        printf '%s\n' "${lines[@]}" | sort -V >"$out/c-plugins"
+        say "C plugins; $out/c-plugins:"
+        sed 's/^/  /' "$out/c-plugins"
+        return 0
+    fi
+    install_build_packages
+    # shellcheck source=scripts/lib/private-apt.sh
+    . "$repo/scripts/lib/private-apt.sh"
+    [ -r "$keyring" ] || die "Debian archive keyring $keyring not found (apt-get install debian-archive-keyring)"
+    local src_apt=$out/apt-src sources=()
+    for s in $suites; do
+        sources+=("deb-src [signed-by=$keyring] $mirror $s main")
+    done
+    private_apt_setup "$src_apt" amd64 "${sources[@]}"
+    say "C plugin: updating the private source lists (${suites# }) under $src_apt"
+    private_apt_update "$src_apt"
+    for m in "$out"/*/"$marker_name"; do
+        [ -f "$m" ] || continue
+        dir=$(dirname "$m")
+        c_plugin_built "$dir" || build_c_plugin "$dir"
+    done
+    printf '%s\n' "${lines[@]}" | sort -V >"$out/c-plugins.tmp"
+    mv -f "$out/c-plugins.tmp" "$out/c-plugins"
+    say "C plugins; $out/c-plugins:"
+    sed 's/^/  /' "$out/c-plugins"
+}
+
 if [ "${#todo[@]}" = 0 ]; then
     write_versions
     if [ "$smoke" = 1 ]; then
         while read -r _ w; do smoke "$w"; done <"$out/versions"
     fi
-    say "nothing to do; $out/versions:"
+    say "nothing to fetch; $out/versions:"
     sed 's/^/  /' "$out/versions"
+    build_c_plugins
     exit 0
 fi
 
@@ -306,3 +455,4 @@ if [ "$smoke" = 1 ]; then
 fi
 say "done; $out/versions:"
 sed 's/^/  /' "$out/versions"
+build_c_plugins

@@ -268,6 +268,83 @@ pub mod fault {
     pub const PLUGIN_CUDA_FORCE_ENABLE: i32 = 138;
 }
 
+/// compel's `struct seize_task_status` (`compel/include/uapi/infect.h`, 4.1.1 through criu-dev):
+/// what `compel_wait_task`'s `get_status` callback fills for a task being seized.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeizeTaskStatus {
+    /// `SigPnd`: signals pending for the thread.
+    pub sigpnd: u64,
+    /// `ShdPnd`: signals pending for the process.
+    pub shdpnd: u64,
+    /// `SigBlk`: blocked signals.
+    pub sigblk: u64,
+    /// The first letter of `State` (`R`, `S`, `t`, `Z`, ...).
+    pub state: c_char,
+    /// The pid in the innermost pid namespace (`NSpid`'s last entry).
+    pub vpid: c_int,
+    /// `PPid`.
+    pub ppid: c_int,
+    /// `Seccomp`: 0 disabled, 1 strict, 2 filter.
+    pub seccomp_mode: c_int,
+}
+
+/// `PROC_CAP_SIZE`: 32-bit words per capability set in `struct proc_status_creds`.
+pub const PROC_CAP_SIZE: usize = 2;
+
+/// CRIU's `struct proc_status_creds` (`criu/include/proc_parse.h`, the same in 4.1.1 and
+/// 4.2.1): `parse_pid_status(pid, ss, data)` takes `ss` to be the `s` member of one of these
+/// (`container_of`) and fills the credentials after it too, so callers pass a whole one.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcStatusCreds {
+    /// What `compel_wait_task` reads.
+    pub s: SeizeTaskStatus,
+    /// `Uid`: real, effective, saved, filesystem.
+    pub uids: [c_uint; 4],
+    /// `Gid`: real, effective, saved, filesystem.
+    pub gids: [c_uint; 4],
+    /// Not filled by `parse_pid_status`.
+    pub last_filter: u32,
+    /// `CapInh`, low word first.
+    pub cap_inh: [u32; PROC_CAP_SIZE],
+    /// `CapPrm`.
+    pub cap_prm: [u32; PROC_CAP_SIZE],
+    /// `CapEff`.
+    pub cap_eff: [u32; PROC_CAP_SIZE],
+    /// `CapBnd`.
+    pub cap_bnd: [u32; PROC_CAP_SIZE],
+    /// `CapAmb`.
+    pub cap_amb: [u32; PROC_CAP_SIZE],
+}
+
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(offset_of!(SeizeTaskStatus, state) == 24);
+    assert!(offset_of!(SeizeTaskStatus, vpid) == 28);
+    assert!(offset_of!(SeizeTaskStatus, seccomp_mode) == 36);
+    assert!(size_of::<SeizeTaskStatus>() == 40);
+    assert!(offset_of!(ProcStatusCreds, uids) == 40);
+    assert!(offset_of!(ProcStatusCreds, gids) == 56);
+    assert!(offset_of!(ProcStatusCreds, last_filter) == 72);
+    assert!(offset_of!(ProcStatusCreds, cap_inh) == 76);
+    assert!(offset_of!(ProcStatusCreds, cap_amb) == 108);
+    assert!(size_of::<ProcStatusCreds>() == 120);
+    assert!(align_of::<ProcStatusCreds>() == 8);
+};
+
+/// `compel_wait_task`'s results (`compel/include/uapi/task-state.h`).
+pub mod compel_task {
+    /// Stopped by the seize (`PTRACE_EVENT_STOP` with `SIGTRAP`): it was running.
+    pub const ALIVE: i32 = 0x01;
+    /// It exited (not a zombie of ours any more).
+    pub const DEAD: i32 = 0x02;
+    /// It was stopped by a stop signal before the seize.
+    pub const STOPPED: i32 = 0x03;
+    /// A zombie.
+    pub const ZOMBIE: i32 = 0x06;
+}
+
 /// `img_streamer_open(name, flags)`: CRIU `BUG()`s on any other flag value.
 pub mod streamer {
     /// `O_DUMP`: `O_WRONLY | O_CREAT | O_TRUNC` on Linux.

@@ -4,11 +4,18 @@
  * dynamic list so plugins find them with dlsym(RTLD_DEFAULT, ...), as they do inside criu.
  *
  * Everything here is a thin forwarder to Rust (`harness_rs_*`, defined in src/ffi/host.rs); C is
- * only used because a C-variadic function (print_on_level) cannot be defined in stable Rust, and
- * because the ELF size of the data symbols (cr_plugin_ctl, opts) must be fixed per profile.
+ * only used because a C-variadic function (print_on_level) cannot be defined in stable Rust,
+ * because the ELF size of the data symbols (cr_plugin_ctl, opts) must be fixed per profile, and
+ * for close_fds, which plugins call in a forked child between fork() and exec(), where only
+ * async-signal-safe code may run.
+ *
+ * Besides the plugin API, CRIU 4.1/4.2's C plugins link against a few CRIU and compel functions
+ * (cuda_plugin.c: close_fds, compel_wait_task, parse_pid_status; amdgpu: find_unused_fd_pid);
+ * every profile exports them, as Debian's criu 4.1.1 and 4.2.1 do.
  *
  * Profile macros (set by build.rs):
  *   HOST_HOOKS              CR_PLUGIN_HOOK__MAX of the emulated host (12, 13, 16, 17)
+ *   HOST_OPTS_SIZE          sizeof(struct cr_options) of the emulated host (0x1f8, 0x200)
  *   HOST_INVENTORY_QUERY    1 when has_inventory_plugin() exists (proposed API)
  *   HOST_PLUGIN_OPTIONS     1 when criu_plugin_get_options() exists (merged after 4.2)
  */
@@ -18,9 +25,12 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
-#ifndef HOST_HOOKS
-#error "HOST_HOOKS must be defined by build.rs"
+#if !defined(HOST_HOOKS) || !defined(HOST_OPTS_SIZE)
+#error "HOST_HOOKS and HOST_OPTS_SIZE must be defined by build.rs"
 #endif
 
 /* Forwarders implemented in Rust (src/ffi/host.rs). */
@@ -36,6 +46,14 @@ extern void harness_rs_set_interrupt_only_mode(void);
 extern bool harness_rs_alarm_timeouted(void);
 extern int harness_rs_img_streamer_open(const char *name, int flags);
 
+struct seize_task_status; /* compel's; mirrored by abi::criu::SeizeTaskStatus */
+typedef int (*get_status_fn)(int pid, struct seize_task_status *ss, void *data);
+typedef void (*free_status_fn)(int pid, struct seize_task_status *ss, void *data);
+extern int harness_rs_compel_wait_task(int pid, int ppid, get_status_fn get_status, free_status_fn free_status,
+				       struct seize_task_status *ss, void *data);
+extern int harness_rs_parse_pid_status(int pid, struct seize_task_status *ss, void *data);
+extern int harness_rs_find_unused_fd_pid(int pid);
+
 struct list_head {
 	struct list_head *next, *prev;
 };
@@ -48,9 +66,10 @@ struct cr_plugin_ctl {
 };
 struct cr_plugin_ctl cr_plugin_ctl = { .head = { &cr_plugin_ctl.head, &cr_plugin_ctl.head } };
 
-/* `struct cr_options opts` (0x1f8 bytes on x86_64 for 4.1.1 .. criu-dev). The harness fills only
- * the offsets plugins may rely on: final_state (+0), timeout (+0x160), stream (+0x194 / +0x198). */
-unsigned char opts[0x1f8] __attribute__((aligned(16)));
+/* `struct cr_options opts`: 0x1f8 bytes on x86_64 in 4.1.1, 0x200 from 4.2 on (allow_uprobes moved
+ * stream). The harness fills only the offsets plugins may rely on: final_state (+0), timeout
+ * (+0x160), stream (+0x194 / +0x198). */
+unsigned char opts[HOST_OPTS_SIZE] __attribute__((aligned(16)));
 
 /* Set from CRIU_FAULT, as fault_injection_init() does. */
 int fi_strategy;
@@ -143,4 +162,48 @@ bool alarm_timeouted(void)
 int img_streamer_open(char *filename, int flags)
 {
 	return harness_rs_img_streamer_open(filename, flags);
+}
+
+/* compel: wait for a task this thread traces to stop (after PTRACE_SEIZE or PTRACE_INTERRUPT). */
+int compel_wait_task(int pid, int ppid, get_status_fn get_status, free_status_fn free_status,
+		     struct seize_task_status *ss, void *data)
+{
+	return harness_rs_compel_wait_task(pid, ppid, get_status, free_status, ss, data);
+}
+
+/* CRIU: fill the struct proc_status_creds that `ss` is the first member of from /proc/PID/status. */
+int parse_pid_status(int pid, struct seize_task_status *ss, void *data)
+{
+	return harness_rs_parse_pid_status(pid, ss, data);
+}
+
+/* CRIU (amdgpu's RESTORE_EXT_FILE): a descriptor number task `pid` does not use. */
+int find_unused_fd_pid(int pid)
+{
+	return harness_rs_find_unused_fd_pid(pid);
+}
+
+/* CRIU: close every descriptor from `minfd` on. Called between fork() and exec(), so nothing
+ * here may allocate or lock: close_range(2) where the kernel has it (as CRIU prefers), else
+ * every descriptor below the soft RLIMIT_NOFILE. Returns 0, or -1 with errno set. */
+int close_fds(int minfd)
+{
+	struct rlimit rl;
+	long fd;
+
+	if (minfd < 0) {
+		errno = EINVAL;
+		return -1;
+	}
+#ifdef SYS_close_range
+	if (syscall(SYS_close_range, (unsigned int)minfd, ~0U, 0U) == 0)
+		return 0;
+	if (errno != ENOSYS)
+		return -1;
+#endif
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return -1;
+	for (fd = minfd; fd < (long)rl.rlim_cur; fd++)
+		close((int)fd);
+	return 0;
 }

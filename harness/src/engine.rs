@@ -526,6 +526,7 @@ fn setup(cfg: &Config, final_state: FinalState, restore: bool) -> Result<(), Eng
         return Err(EngineError::Fault(cfg.fault));
     }
     if !ffi_host::write_opts(
+        cfg.profile.opts_size(),
         final_state.task_state(),
         cfg.timeout,
         cfg.profile.stream_offset(),

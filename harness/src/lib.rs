@@ -9,7 +9,11 @@
 //!   list, image directories and the image streamer, `--plugin-option`, option metadata.
 //! * [`log`], [`trace`]: CRIU-style logs and the normalised call trace.
 //! * [`cli`]: the command line shared by the engine executables.
-//! * [`scenario`]: the regression scenario file format; [`runner`]: its executor.
+//! * [`compel`]: the CRIU and compel functions C plugins link against (`compel_wait_task`,
+//!   `parse_pid_status`, `find_unused_fd_pid`).
+//! * [`scenario`]: the regression scenario file format; [`runner`]: its executor; [`kit`]: the
+//!   plugin under test and which scenarios apply to it (the conformance kit); [`junit`]: JUnit
+//!   XML of a run; [`conformance`]: the conformance table of several plugins.
 //! * [`sweep`]: the fault sweep (`harness sweep`).
 //! * `ffi`: every `unsafe` block (dlopen and plugin calls, the exported host callbacks).
 //!
@@ -22,6 +26,8 @@ pub mod log;
 pub mod trace;
 
 pub mod cli;
+pub mod compel;
+pub mod conformance;
 pub mod engine;
 #[expect(
     unsafe_code,
@@ -31,6 +37,8 @@ pub mod ffi;
 pub mod host;
 pub mod images;
 pub mod inventory;
+pub mod junit;
+pub mod kit;
 pub mod meta;
 pub mod options;
 mod procfs;

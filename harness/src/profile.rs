@@ -85,6 +85,16 @@ impl HostProfile {
         }
     }
 
+    /// `sizeof(struct cr_options)` on x86_64, the ELF size of the exported `opts`: 0x1f8 in
+    /// Debian's 4.1.1, 0x200 from 4.2 on (`allow_uprobes` was added; `stream` moved).
+    #[must_use]
+    pub const fn opts_size(self) -> usize {
+        match self {
+            Self::Criu41 => 0x1f8,
+            _ => 0x200,
+        }
+    }
+
     /// The rule set this host applies unless overridden.
     #[must_use]
     pub const fn default_rules(self) -> Rules {

@@ -5,6 +5,11 @@
 //!
 //! known_failure = "…"  # optional: runs, a failure is "xfail", a pass is an error
 //!
+//! requires = ["restore-as-dumped"]  # optional: capabilities the CUDA plugin under test needs
+//!                      # (see [`Capability`]); what the options, faults and steps already
+//!                      # imply is added (`Scenario::requirements`). A plugin without one of
+//!                      # them is "not applicable" to the scenario, with the reason.
+//!
 //! [world]              # optional: a `world.toml` (docs/mock-world.md) for `mock-world init`;
 //! driver = { branch = 580 }   # `schema = 1` and one default GPU are added when absent; a
 //!                      # `[[world.fault]]` may name a task (`task = "worker"`) instead of a pid:
@@ -30,9 +35,14 @@
 //! force_enable = true      # CRIU_CUDA_FORCE_ENABLE=1 (no GPU here)
 //!
 //! [[plugins]]          # what goes into the plugin directory, in this order
-//! kind = "test"        # "cuda" (this project's plugin) or "test" (tests/support/testplugin.c)
-//! name = "probe"
+//! kind = "test"        # "cuda" (the CUDA plugin under test: this project's unless
+//! name = "probe"       # `harness run --plugin`) or "test" (tests/support/testplugin.c)
 //! script = { resume = "ret=-1" }
+//!
+//! [[plugins]]
+//! kind = "cuda"
+//! path = "target/criu/4.1.1/c-plugin/cuda_plugin.so"  # optional: install this `.so`
+//!                      # (absolute, or relative to the workspace) as the CUDA plugin
 //!
 //! [[steps]]
 //! action = "dump"      # dump | pre-dump | restore | cuda-checkpoint (`task`, `args`)
@@ -69,8 +79,8 @@
 //! [[steps]]                      # CRIU steps also take: `criu_timeout = 3` (CRIU's --timeout),
 //! action = "dump"                # `action_script = "exit 3"` (a post-dump action script, dump
 //! expect = "fail"                # only) and `within = 3.5` (the step must end within that many
-//! criu_timeout = 3               # seconds); every step is killed after 120 s (or 4 × `within`)
-//! within = 3.5
+//! criu_timeout = 3               # seconds); every step is killed after 120 s (or, with
+//! within = 3.5                   # `within`, after 2 × `within` + 10 s)
 //!
 //! [[steps]]
 //! action = "write-image"         # replace an image with `hex` bytes (whitespace and `_`
@@ -152,6 +162,109 @@ pub struct Scenario {
     /// runs, its failure is reported as "xfail" with this reason, and a pass is an error.
     #[serde(default)]
     pub known_failure: Option<String>,
+    /// Capabilities the CUDA plugin under test needs beyond what the scenario's options, faults
+    /// and steps imply (see [`Scenario::requirements`]).
+    #[serde(default)]
+    pub requires: Vec<Capability>,
+}
+
+/// Something a CUDA plugin under test can do beyond the baseline every CRIU CUDA plugin has
+/// (lock, checkpoint, restore and unlock each CUDA task through the `cuda-checkpoint` utility,
+/// and put the tasks back when a dump fails). A scenario needs a set of them; a plugin declares
+/// the set it has; a scenario that needs one the plugin lacks is "not applicable" to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Capability {
+    /// Takes options (`--plugin-option NAME.KEY=VALUE`, `CRIU_PLUGIN_OPTIONS` on CRIU 4.1/4.2).
+    PluginOptions,
+    /// Can checkpoint through the driver API (`cuCheckpointProcess*` in libcuda).
+    DriverApi,
+    /// Restores onto other GPUs than the dumped ones (a device map, given or automatic).
+    DeviceMap,
+    /// Bounds each driver call or utility run with a timeout of its own (an option).
+    CallTimeout,
+    /// Restores a task that was LOCKED or CHECKPOINTED before the dump in that state.
+    RestoreAsDumped,
+    /// Keeps its own files in the image (per-task state, a GPU inventory) that scenarios
+    /// damage, remove or stream.
+    CustomStorage,
+    /// Does the work of all a tree's tasks concurrently (one hook call for the whole tree).
+    Parallel,
+}
+
+impl Capability {
+    /// Every capability.
+    pub const ALL: [Capability; 7] = [
+        Self::PluginOptions,
+        Self::DriverApi,
+        Self::DeviceMap,
+        Self::CallTimeout,
+        Self::RestoreAsDumped,
+        Self::CustomStorage,
+        Self::Parallel,
+    ];
+
+    /// The name used in scenario files and on the command line.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::PluginOptions => "plugin-options",
+            Self::DriverApi => "driver-api",
+            Self::DeviceMap => "device-map",
+            Self::CallTimeout => "call-timeout",
+            Self::RestoreAsDumped => "restore-as-dumped",
+            Self::CustomStorage => "custom-storage",
+            Self::Parallel => "parallel",
+        }
+    }
+}
+
+impl Capability {
+    /// What it means, in a few words (the reason given when a scenario declares it).
+    #[must_use]
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::PluginOptions => "takes plugin options",
+            Self::DriverApi => "checkpoints through the driver API",
+            Self::DeviceMap => "restores onto other GPUs",
+            Self::CallTimeout => "bounds each call with its own timeout",
+            Self::RestoreAsDumped => {
+                "restores a task locked or checkpointed before the dump as it was"
+            }
+            Self::CustomStorage => "keeps its own image files",
+            Self::Parallel => "works on a tree's tasks concurrently",
+        }
+    }
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Capability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                let all: Vec<&str> = Self::ALL.iter().map(|c| c.name()).collect();
+                format!("unknown capability `{s}` (one of: {})", all.join(", "))
+            })
+    }
+}
+
+/// The namespace of the CUDA plugin's options in scenario files.
+pub const OPTION_NAMESPACE: &str = "cuda_plugin";
+
+/// `cuda_plugin.KEY=VALUE` -> (KEY, VALUE); `None` for another plugin's option.
+#[must_use]
+pub fn cuda_option(o: &str) -> Option<(&str, &str)> {
+    let rest = o.strip_prefix(OPTION_NAMESPACE)?.strip_prefix('.')?;
+    Some(rest.split_once('=').unwrap_or((rest, "")))
 }
 
 /// The process tree.
@@ -280,6 +393,10 @@ pub struct PluginSpec {
     /// File name in the directory (default: `<name>.so`).
     #[serde(default)]
     pub file: Option<String>,
+    /// `cuda` only: the `.so` to install (absolute, or relative to the workspace) instead of
+    /// the CUDA plugin under test.
+    #[serde(default)]
+    pub path: Option<String>,
     /// Extra `-D` defines for a test plugin (`TP_NO_CLAMP`, `TP_VERSION=0x300`, ...).
     #[serde(default)]
     pub defines: Vec<String>,
@@ -587,6 +704,12 @@ impl Scenario {
             if p.kind == PluginKind::Test && p.name.is_none() {
                 return Err("a test plugin needs a `name`".to_owned());
             }
+            if p.kind == PluginKind::Test && p.path.is_some() {
+                return Err("`path` is for a `cuda` plugin entry".to_owned());
+            }
+            if p.path.as_deref().is_some_and(|x| !x.ends_with(".so")) {
+                return Err("a plugin `path` must name a `.so`".to_owned());
+            }
         }
         if self.steps.is_empty() {
             return Err("no steps".to_owned());
@@ -832,6 +955,140 @@ impl Scenario {
             || self.steps.iter().any(|s| {
                 s.backend.is_some()
                     || matches!(s.action, Action::CudaCheckpoint | Action::ReconfigureWorld)
+            })
+    }
+
+    /// Whether the plugin directory holds the CUDA plugin (the plugin under test).
+    #[must_use]
+    pub fn uses_cuda_plugin(&self) -> bool {
+        self.plugins.iter().any(|p| p.kind == PluginKind::Cuda)
+    }
+
+    /// Every `cuda_plugin.*` option of the scenario and its steps, in order.
+    fn cuda_options(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.options
+            .iter()
+            .chain(self.steps.iter().flat_map(|s| &s.options))
+            .filter_map(|o| cuda_option(o))
+    }
+
+    /// The capabilities the CUDA plugin under test needs for this scenario, each with why: those
+    /// declared in `requires`, and those its content implies:
+    ///
+    /// * a `cuda_plugin.backend=driver-api` option, a step or `[expect]` `backend =
+    ///   "driver-api"`, or a fault on a driver-API function (`cuCheckpointProcess*`):
+    ///   `driver-api`;
+    /// * `cuda_plugin.device-map`: `device-map`; `cuda_plugin.timeout`: `call-timeout`; both, and
+    ///   every other `cuda_plugin.*` option except a `backend` of `driver-api`,
+    ///   `cuda-checkpoint` or `auto` (a plugin without options simply has that backend or not,
+    ///   and `auto` is the default): also `plugin-options`;
+    /// * a step that removes, rewrites or replaces one of the plugin's image files (`cuda-*`):
+    ///   `custom-storage`;
+    /// * `[expect] gpus` naming a GPU the scenario's `[world]` did not have at the dump (the
+    ///   tasks restore onto another host's GPUs): `device-map`.
+    #[must_use]
+    pub fn requirements(&self) -> BTreeMap<Capability, String> {
+        let mut need: BTreeMap<Capability, String> = BTreeMap::new();
+        let mut add = |c: Capability, why: String| {
+            need.entry(c).or_insert(why);
+        };
+        for c in &self.requires {
+            add(*c, format!("declared: {}", c.describe()));
+        }
+        for (key, value) in self.cuda_options() {
+            let shown = format!("sets {OPTION_NAMESPACE}.{key}");
+            match (key, value) {
+                ("backend", "driver-api") => add(Capability::DriverApi, format!("{shown}={value}")),
+                // The utility (every plugin has it), or the default: nothing to ask for.
+                ("backend", "cuda-checkpoint" | "auto") => {}
+                ("device-map", _) => {
+                    add(Capability::DeviceMap, shown.clone());
+                    add(Capability::PluginOptions, shown);
+                }
+                ("timeout", _) => {
+                    add(Capability::CallTimeout, shown.clone());
+                    add(Capability::PluginOptions, shown);
+                }
+                _ => add(Capability::PluginOptions, shown),
+            }
+        }
+        let expects_driver_api = self.expect.backend.as_deref() == Some("driver-api")
+            || self
+                .steps
+                .iter()
+                .any(|s| s.backend.as_deref() == Some("driver-api"));
+        if expects_driver_api {
+            add(
+                Capability::DriverApi,
+                "expects the driver-api backend".to_owned(),
+            );
+        }
+        let worlds = self
+            .world
+            .iter()
+            .chain(self.steps.iter().filter_map(|s| s.world.as_ref()));
+        for w in worlds {
+            let faults = w.get("fault").and_then(toml::Value::as_array);
+            for f in faults.into_iter().flatten() {
+                if let Some(func) = f.get("function").and_then(toml::Value::as_str) {
+                    if func.starts_with("cuCheckpointProcess") {
+                        add(Capability::DriverApi, format!("faults {func}"));
+                    }
+                }
+            }
+        }
+        // Data that must end on a GPU the dump's host did not have: restored onto another host.
+        let dumped_on: Vec<&str> = self
+            .world
+            .as_ref()
+            .and_then(|w| w.get("gpu"))
+            .and_then(toml::Value::as_array)
+            .map(|gpus| {
+                gpus.iter()
+                    .filter_map(|g| g.get("uuid").and_then(toml::Value::as_str))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let moved = self.expect.gpus.iter().find_map(|(task, gpus)| {
+            gpus.iter()
+                .find(|g| !dumped_on.is_empty() && !dumped_on.contains(&g.as_str()))
+                .map(|g| (task, g))
+        });
+        if let Some((task, g)) = moved {
+            add(
+                Capability::DeviceMap,
+                format!("task {task} must end on {g}, another host's GPU"),
+            );
+        }
+        for st in &self.steps {
+            let image = matches!(
+                st.action,
+                Action::RemoveImage | Action::WriteImage | Action::SpecialImage
+            );
+            if let (true, Some(n)) = (image, &st.name) {
+                if n.starts_with("cuda-") {
+                    add(Capability::CustomStorage, format!("edits {n}"));
+                }
+            }
+        }
+        need
+    }
+
+    /// The backend the scenario pins, if any: the first `driver-api` or `cuda-checkpoint` a step
+    /// (or `[expect]`) expects, else the value of its first `cuda_plugin.backend` option
+    /// (`auto` or an invalid one included). A scenario that pins none runs with either.
+    #[must_use]
+    pub fn pinned_backend(&self) -> Option<&str> {
+        let known = |b: &&str| ["driver-api", "cuda-checkpoint"].contains(b);
+        self.steps
+            .iter()
+            .filter_map(|s| s.backend.as_deref())
+            .chain(self.expect.backend.as_deref())
+            .find(known)
+            .or_else(|| {
+                self.cuda_options()
+                    .find(|(k, _)| *k == "backend")
+                    .map(|(_, v)| v)
             })
     }
 }
@@ -1096,6 +1353,74 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
         .unwrap_err()
         .to_string();
         assert!(e.contains("needs a restore step"), "{e}");
+    }
+
+    #[test]
+    fn requirements_are_declared_or_implied_and_backends_pinned() {
+        let s = Scenario::parse("m.toml", MAP).unwrap();
+        let need = s.requirements();
+        // device-map option on a step, data that must end on another host's GPU.
+        assert_eq!(
+            need.keys().copied().collect::<Vec<_>>(),
+            [
+                Capability::PluginOptions,
+                Capability::DeviceMap,
+                Capability::CustomStorage
+            ]
+        );
+        assert_eq!(need[&Capability::DeviceMap], "sets cuda_plugin.device-map");
+        assert_eq!(
+            need[&Capability::CustomStorage],
+            "edits cuda-gpu-inventory.img"
+        );
+        assert_eq!(s.pinned_backend(), None);
+
+        let text = format!(
+            "requires = [\"restore-as-dumped\"]\noptions = [\"cuda_plugin.backend=cuda-checkpoint\", \"other.x=1\"]\n{MINIMAL}\
+             [[plugins]]\nkind = \"cuda\"\n[world]\n[[world.fault]]\nfunction = \"cuCheckpointProcessLock\"\n\
+             action = {{ kind = \"hang\" }}\n"
+        );
+        let s = Scenario::parse("r.toml", &text).unwrap();
+        let need = s.requirements();
+        assert_eq!(
+            need.keys().copied().collect::<Vec<_>>(),
+            [Capability::DriverApi, Capability::RestoreAsDumped]
+        );
+        assert_eq!(
+            need[&Capability::DriverApi],
+            "faults cuCheckpointProcessLock"
+        );
+        assert!(need[&Capability::RestoreAsDumped].starts_with("declared: "));
+        assert_eq!(s.pinned_backend(), Some("cuda-checkpoint"));
+        assert!(s.uses_cuda_plugin());
+
+        // A step expecting a backend pins it before any option does.
+        let text = MAP.replace(
+            "env = { CUDA_VISIBLE_DEVICES = \"1\" }",
+            "env = { CUDA_VISIBLE_DEVICES = \"1\" }\nbackend = \"driver-api\"",
+        );
+        let s = Scenario::parse("m.toml", &text).unwrap();
+        assert_eq!(s.pinned_backend(), Some("driver-api"));
+        assert!(s.requirements().contains_key(&Capability::DriverApi));
+
+        let e = Scenario::parse("x.toml", &format!("requires = [\"teleport\"]\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("teleport"), "{e}");
+        let e = Scenario::parse(
+            "x.toml",
+            &format!("{MINIMAL}[[plugins]]\nkind = \"cuda\"\npath = \"x.txt\"\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`.so`"), "{e}");
+        assert_eq!(
+            "device-map".parse::<Capability>(),
+            Ok(Capability::DeviceMap)
+        );
+        for c in Capability::ALL {
+            assert_eq!(c.name().parse::<Capability>(), Ok(c));
+        }
     }
 
     #[test]

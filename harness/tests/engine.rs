@@ -658,6 +658,46 @@ fn a_thread_a_plugin_resumes_during_resume_devices_late_really_runs() {
 }
 
 #[test]
+fn criu_functions_c_plugins_link_against_work_on_every_host() {
+    // CRIU 4.1/4.2's cuda_plugin.c resumes a restore thread during CHECKPOINT_DEVICES and
+    // RESUME_DEVICES_LATE and stops it again with PTRACE_INTERRUPT and compel_wait_task (its
+    // get_status being parse_pid_status); it runs cuda-checkpoint in a child that calls
+    // close_fds(3) first. amdgpu asks find_unused_fd_pid for a descriptor.
+    let fx = Fixture::new();
+    fx.plugin("a.so", "a", &[]);
+    let tree = Tree::spawn(&fx);
+    let actions = "compelwait,closefds,unusedfd";
+    for host in ["4.1", "4.2", "upstream", "pr3076"] {
+        let out = run(fx
+            .cmd(host, "dump")
+            .args(["-t", &tree.root().to_string()])
+            .env("TP_a_checkpoint", actions));
+        ok(&out, &fx.log());
+        tree.assert_parked();
+        let out = run(fx.cmd(host, "restore").env("TP_a_resume", actions));
+        ok(&out, &fx.log());
+        tree.assert_running();
+        let tp = fx.take_tp_log();
+        // Four tasks, one CHECKPOINT_DEVICES and one RESUME_DEVICES_LATE each.
+        assert_eq!(
+            lines_with(&tp, "a compelwait ret=1 state=t uid=1").len(),
+            8,
+            "{host}: COMPEL_TASK_ALIVE, a tracing stop, the credentials filled: {tp:?}"
+        );
+        assert_eq!(
+            lines_with(&tp, "a closefds ok=1").len(),
+            8,
+            "{host}: {tp:?}"
+        );
+        assert_eq!(
+            lines_with(&tp, "a unusedfd free=1").len(),
+            8,
+            "{host}: {tp:?}"
+        );
+    }
+}
+
+#[test]
 fn pause_failure_on_a_child_resumes_everything_and_exit_sees_the_failure() {
     let fx = Fixture::new();
     fx.plugin("a.so", "a", &[]);

@@ -65,6 +65,10 @@ fn run_trial(name: &str, s: &Scenario, opts: RunOptions) -> Result<(), Failed> {
             eprintln!("note: {name} failed as expected: {why}");
             Ok(())
         }
+        Verdict::NotApplicable(why) => {
+            eprintln!("note: {name} does not apply to this project's plugin: {why}");
+            Ok(())
+        }
     }
 }
 

@@ -4,7 +4,13 @@
 //! fixed at link time.
 //!
 //! `harness run [-j N] [PATH...]` runs the scenario corpus instead (default `scenarios/`, two at a
-//! time) and prints a table: scenario, host, backend, result, time.
+//! time) and prints a table: scenario, host, backend, result, time. `--plugin PATH` runs it
+//! against another CUDA plugin (`harness run --help`: its settings), `--junit FILE` also writes
+//! JUnit XML.
+//!
+//! `harness conformance [--out FILE | --check FILE] [-j N]` runs the corpus against this
+//! project's plugin (once per backend) and CRIU's C plugins, and writes or checks the table
+//! (`harness::conformance`).
 //!
 //! `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]` runs the fault sweep
 //! (`harness::sweep`) and prints its table: call, fault, phase, task, host, tree, outcome, check.
@@ -16,8 +22,10 @@ use std::process::{Command, ExitCode};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
+use harness::kit::{self, PluginUnderTest};
 use harness::profile::HostProfile;
 use harness::runner;
+use harness::scenario::Capability;
 
 fn requested_host(args: &[OsString]) -> Result<HostProfile> {
     let mut it = args.iter().map(|a| a.to_string_lossy());
@@ -46,40 +54,241 @@ fn main() -> ExitCode {
     }
 }
 
-/// `harness run [-j N] PATH...`: runs the scenario corpus (files or directories).
+const RUN_USAGE: &str = "\
+usage: harness run [-j N] [--junit FILE] [PLUGIN OPTIONS] [SCENARIO_FILE_OR_DIR...]
+
+Runs the scenario corpus (default: scenarios/) and prints one line per scenario.
+
+  -j N                  scenarios at a time (default 2)
+  --junit FILE          also write JUnit XML: one test suite per scenario, one test case per step
+
+The CUDA plugin under test (default: this project's, with every capability it has):
+  --plugin PATH         another plugin's .so; outcomes (exit status, task and CUDA states, GPU
+                        data, nothing left behind, bounded time) are checked, this project's log
+                        lines and snapshots are not; scenarios that do not load the CUDA plugin
+                        are not applicable
+  --plugin-env VAR=VAL  what enables it without a GPU, repeatable (default for --plugin:
+                        CRIU_FAULT=138, CRIU's FI_PLUGIN_CUDA_FORCE_ENABLE; `none`: nothing)
+  --plugin-name NAME    its name in the inventory and its options' namespace (default: its
+                        descriptor's name)
+  --plugin-caps LIST    what it can do beyond lock/checkpoint/restore/unlock through
+                        cuda-checkpoint, comma-separated, or `all` (default for --plugin: none):
+                        plugin-options, driver-api, device-map, call-timeout, restore-as-dumped,
+                        custom-storage, parallel; a scenario needing one it lacks is reported
+                        as not applicable, with the reason
+  --backend B           give scenarios that pin no backend `cuda_plugin.backend=B` first (only
+                        for a plugin with plugin-options); those that pin another are not
+                        applicable
+  --plugin-label TEXT   how the summary names it
+";
+
+/// `harness run [-j N] [--junit FILE] [plugin options] PATH...`: runs the scenario corpus.
 fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
     let mut jobs = 2;
     let mut paths = Vec::new();
-    let mut it = args.iter();
+    let mut junit: Option<PathBuf> = None;
+    let mut plugin: Option<PathBuf> = None;
+    let mut env: Option<Vec<(String, String)>> = None;
+    let mut name: Option<String> = None;
+    let mut caps: Option<std::collections::BTreeSet<Capability>> = None;
+    let mut backend: Option<String> = None;
+    let mut label: Option<String> = None;
+    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
     while let Some(a) = it.next() {
-        let a = a.to_string_lossy();
-        if a == "-j" || a == "--jobs" {
-            jobs = it
-                .next()
-                .context("-j needs a number")?
-                .to_string_lossy()
-                .parse()?;
-        } else if let Some(v) = a.strip_prefix("-j") {
-            jobs = v.parse()?;
-        } else if a == "-h" || a == "--help" {
-            println!("usage: harness run [-j N] SCENARIO_FILE_OR_DIR...");
-            return Ok(ExitCode::SUCCESS);
-        } else {
-            paths.push(PathBuf::from(a.as_ref()));
+        let mut value = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "-j" | "--jobs" => jobs = value("a number")?.parse()?,
+            "--junit" => junit = Some(PathBuf::from(value("a file")?)),
+            "--plugin" => plugin = Some(PathBuf::from(value("a .so")?)),
+            "--plugin-env" => {
+                let v = value("VAR=VALUE")?;
+                let list = env.get_or_insert_with(Vec::new);
+                if v != "none" {
+                    let (k, val) = v
+                        .split_once('=')
+                        .with_context(|| format!("--plugin-env {v}: expected VAR=VALUE"))?;
+                    list.push((k.to_owned(), val.to_owned()));
+                }
+            }
+            "--plugin-name" => name = Some(value("a name")?),
+            "--plugin-caps" => {
+                let v = value("a list")?;
+                caps = Some(if v == "all" {
+                    Capability::ALL.into_iter().collect()
+                } else {
+                    v.split(',')
+                        .filter(|c| !c.is_empty() && *c != "none")
+                        .map(|c| c.parse::<Capability>().map_err(anyhow::Error::msg))
+                        .collect::<Result<_>>()?
+                });
+            }
+            "--backend" => backend = Some(value("driver-api or cuda-checkpoint")?),
+            "--plugin-label" => label = Some(value("a label")?),
+            "-h" | "--help" => {
+                print!("{RUN_USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            s if s.starts_with("-j") => jobs = s[2..].parse()?,
+            s if s.starts_with('-') => bail!("harness run: unknown option `{s}` (see --help)"),
+            _ => paths.push(PathBuf::from(a)),
         }
     }
     if paths.is_empty() {
         paths.push(PathBuf::from("scenarios"));
     }
     let art = artifacts_as_subreaper()?;
-    let opts = runner::RunOptions {
-        require_criu: std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1"),
+    let mut put = match &plugin {
+        Some(p) => {
+            let p =
+                std::fs::canonicalize(p).with_context(|| format!("--plugin {}", p.display()))?;
+            let mut put = PluginUnderTest::other(&p);
+            put.name = match &name {
+                Some(n) => n.clone(),
+                None => {
+                    kit::descriptor(&art, &p, "pr3076")
+                        .map_err(anyhow::Error::msg)?
+                        .name
+                }
+            };
+            put
+        }
+        None => PluginUnderTest::ours(),
     };
-    Ok(if runner::run_corpus(&paths, &art, jobs, opts) {
+    if let Some(e) = env {
+        put.enable = e;
+    }
+    if let Some(n) = name {
+        put.name = n;
+    }
+    if let Some(c) = caps {
+        put.capabilities = c;
+    }
+    if let Some(b) = backend {
+        if !["driver-api", "cuda-checkpoint"].contains(&b.as_str()) {
+            bail!("--backend {b}: expected driver-api or cuda-checkpoint");
+        }
+        if !put.has(Capability::PluginOptions) {
+            bail!("--backend needs a plugin with the plugin-options capability");
+        }
+        put.label = format!("{}, {b}", put.label);
+        put.backend = Some(b);
+        put.explicit = true;
+    }
+    if let Some(l) = label {
+        put.label = l;
+    }
+    let opts = runner::CorpusOptions {
+        jobs,
+        run: runner::RunOptions {
+            require_criu: std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1"),
+        },
+        plugin: put,
+        print_rows: true,
+    };
+    let started = std::time::Instant::now();
+    let (rows, ok) = runner::run_corpus(&paths, &art, &opts);
+    if let Some(f) = junit {
+        let xml = harness::junit::render(&rows, &opts.plugin.label, started.elapsed());
+        std::fs::write(&f, xml).with_context(|| format!("writing {}", f.display()))?;
+        println!("JUnit XML: {}", f.display());
+    }
+    Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `harness conformance [--out FILE | --check FILE] [-j N] [PATH...]`.
+fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
+    use harness::conformance;
+    let mut jobs = 2;
+    let mut out: Option<PathBuf> = None;
+    let mut check: Option<PathBuf> = None;
+    let mut paths = Vec::new();
+    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-j" | "--jobs" => jobs = it.next().context("-j needs a number")?.parse()?,
+            "--out" => out = Some(PathBuf::from(it.next().context("--out needs a file")?)),
+            "--check" => check = Some(PathBuf::from(it.next().context("--check needs a file")?)),
+            "-h" | "--help" => {
+                println!(
+                    "usage: harness conformance [--out FILE] [--check FILE] [-j N] [SCENARIO_DIR...]\n\n\
+                     Runs the corpus (default scenarios/) against this project's plugin (once per backend)\n\
+                     and the C plugins of scripts/fetch-criu.sh --c-plugin; --out writes the table\n\
+                     (docs/conformance.md), --check fails when a cell differs from FILE's (with --out too,\n\
+                     the fresh table is written there)."
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            s if s.starts_with('-') => bail!("harness conformance: unknown option `{s}`"),
+            _ => paths.push(PathBuf::from(a)),
+        }
+    }
+    if out.is_none() && check.is_none() {
+        bail!("harness conformance: give --out FILE, --check FILE or both");
+    }
+    if paths.is_empty() {
+        paths.push(PathBuf::from("scenarios"));
+    }
+    let art = artifacts_as_subreaper()?;
+    let columns = conformance::standard_columns(&art.workspace).map_err(anyhow::Error::msg)?;
+    let mut runs = Vec::new();
+    for col in &columns {
+        let opts = runner::CorpusOptions {
+            jobs,
+            // The table must be complete: a real-CRIU scenario without its CRIU fails.
+            run: runner::RunOptions { require_criu: true },
+            plugin: col.plugin.clone(),
+            print_rows: false,
+        };
+        let (rows, took) = runner::run_rows(&paths, &art, &opts);
+        let count = |k: &str| rows.iter().filter(|r| r.result().starts_with(k)).count();
+        println!(
+            "{}: {} pass, {} fail, {} xfail, {} n.a. ({:.1} s)",
+            col.heading,
+            count("pass"),
+            count("fail"),
+            count("xfail"),
+            count("n.a."),
+            took.as_secs_f64()
+        );
+        runs.push(rows);
+    }
+    let table = conformance::Table::from_runs(&columns, &runs);
+    let mut descriptions = std::collections::BTreeMap::new();
+    for p in &paths {
+        for (name, file) in runner::collect(p) {
+            if let Ok(s) = harness::scenario::Scenario::load(&file) {
+                descriptions.insert(name, s.description);
+            }
+        }
+    }
+    let md = conformance::render(&table, &descriptions);
+    if let Some(f) = &out {
+        std::fs::write(f, &md).with_context(|| format!("writing {}", f.display()))?;
+        println!("wrote {}", f.display());
+    }
+    if let Some(f) = &check {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let was = conformance::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+        let d = conformance::diff(&was, &table);
+        if !d.is_empty() {
+            eprintln!(
+                "\n{} cell(s) differ from {}:\n  {}\n\nIf the change is intended, regenerate the table with \
+                 `harness conformance --out {}` and commit it.",
+                d.len(),
+                f.display(),
+                d.join("\n  "),
+                f.display()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        println!("{}: every cell as committed", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The built artifacts next to this executable; this process then becomes the subreaper of
@@ -160,6 +369,9 @@ fn run() -> Result<ExitCode> {
     }
     if args.first().is_some_and(|a| a == "sweep") {
         return run_sweep(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "conformance") {
+        return run_conformance(&args[1..]);
     }
     let host = requested_host(&args)?;
     let me = std::env::current_exe().context("cannot locate the harness executable")?;

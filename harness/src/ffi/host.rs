@@ -11,6 +11,8 @@ use std::os::fd::IntoRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, PoisonError};
 
+use abi::criu::{ProcStatusCreds, SeizeTaskStatus};
+
 use crate::images::OpenOutcome;
 use crate::{host, log, pr_err};
 
@@ -140,6 +142,118 @@ pub unsafe extern "C" fn harness_rs_img_streamer_open(name: *const c_char, flags
     }
 }
 
+/// compel's `get_status` callback: `int (*)(int pid, struct seize_task_status *, void *data)`.
+pub type GetStatusFn =
+    unsafe extern "C" fn(pid: c_int, ss: *mut SeizeTaskStatus, data: *mut c_void) -> c_int;
+/// compel's `free_status` callback.
+pub type FreeStatusFn =
+    unsafe extern "C" fn(pid: c_int, ss: *mut SeizeTaskStatus, data: *mut c_void);
+
+/// `compel_wait_task(pid, ppid, get_status, free_status, ss, data)`: waits for a thread this
+/// (the tracer) thread interrupted or seized, as compel does; see [`crate::compel::wait_task`].
+///
+/// # Safety
+/// `get_status`, when not NULL, must be callable with `ss` and `data` (CRIU's
+/// `parse_pid_status` needs `ss` to be the first member of a `struct proc_status_creds`); the
+/// same for `free_status`; `ss` must be valid for reads and writes of a `seize_task_status`.
+#[no_mangle]
+pub unsafe extern "C" fn harness_rs_compel_wait_task(
+    pid: c_int,
+    ppid: c_int,
+    get_status: Option<GetStatusFn>,
+    free_status: Option<FreeStatusFn>,
+    ss: *mut SeizeTaskStatus,
+    data: *mut c_void,
+) -> c_int {
+    let (Some(get_status), false) = (get_status, ss.is_null()) else {
+        pr_err!("compel_wait_task({pid}): no get_status callback or status buffer");
+        return -1;
+    };
+    let mut status = || {
+        // SAFETY: the callback and its arguments are the caller's, valid per the contract.
+        let r = unsafe { get_status(pid, ss, data) };
+        // SAFETY: `ss` is valid for reads per the contract.
+        let s = unsafe { ss.read() };
+        (r == 0).then(|| crate::compel::PidStatus {
+            state: s.state as u8,
+            ppid: s.ppid,
+            vpid: s.vpid,
+            sigpnd: s.sigpnd,
+            shdpnd: s.shdpnd,
+            sigblk: s.sigblk,
+            seccomp_mode: s.seccomp_mode,
+            ..Default::default()
+        })
+    };
+    let mut release = || {
+        if let Some(free) = free_status {
+            // SAFETY: as for `get_status`.
+            unsafe { free(pid, ss, data) };
+        }
+    };
+    guard(-1, || {
+        crate::compel::wait_task(pid, ppid, &mut status, &mut release)
+    })
+}
+
+/// `parse_pid_status(pid, ss, data)`: fills the `struct proc_status_creds` whose first member
+/// `ss` is from `/proc/PID/status`; 0 or -1.
+///
+/// # Safety
+/// `ss` must be NULL or point at the `s` member of a writable `struct proc_status_creds`
+/// (CRIU's own function writes the whole structure through `container_of` too).
+#[no_mangle]
+pub unsafe extern "C" fn harness_rs_parse_pid_status(
+    pid: c_int,
+    ss: *mut SeizeTaskStatus,
+    _data: *mut c_void,
+) -> c_int {
+    if ss.is_null() {
+        return -1;
+    }
+    let parsed = guard(Err(String::from("panic")), || {
+        crate::compel::parse_pid_status(pid)
+    });
+    let st = match parsed {
+        Ok(st) => st,
+        Err(e) => {
+            pr_err!("parse_pid_status: {e}");
+            return -1;
+        }
+    };
+    let split = |m: u64| [(m & 0xffff_ffff) as u32, (m >> 32) as u32];
+    let creds = ProcStatusCreds {
+        s: SeizeTaskStatus {
+            sigpnd: st.sigpnd,
+            shdpnd: st.shdpnd,
+            sigblk: st.sigblk,
+            state: st.state as c_char,
+            vpid: st.vpid,
+            ppid: st.ppid,
+            seccomp_mode: st.seccomp_mode,
+        },
+        uids: st.uids,
+        gids: st.gids,
+        // SAFETY: `ss` is the first member of a `proc_status_creds`, valid for reads.
+        last_filter: unsafe { ss.cast::<ProcStatusCreds>().read() }.last_filter,
+        cap_inh: split(st.caps[0]),
+        cap_prm: split(st.caps[1]),
+        cap_eff: split(st.caps[2]),
+        cap_bnd: split(st.caps[3]),
+        cap_amb: split(st.caps[4]),
+    };
+    // SAFETY: per the contract, `ss` starts a writable `proc_status_creds` (container_of at
+    // offset 0).
+    unsafe { ss.cast::<ProcStatusCreds>().write(creds) };
+    0
+}
+
+/// `find_unused_fd_pid(pid)`.
+#[no_mangle]
+pub extern "C" fn harness_rs_find_unused_fd_pid(pid: c_int) -> c_int {
+    guard(-1, || crate::compel::find_unused_fd(pid))
+}
+
 /// One `criu_plugin_get_options` answer, kept alive until the process ends.
 struct ArgvBlock {
     _strings: Vec<CString>,
@@ -197,7 +311,7 @@ pub unsafe extern "C" fn harness_rs_get_options(
 /// Keeps the callbacks in the final executable: the C shim refers to them, but it is linked
 /// after the Rust libraries, so an engine binary must also reference them from Rust.
 #[must_use]
-pub fn callbacks() -> [usize; 11] {
+pub fn callbacks() -> [usize; 14] {
     [
         harness_rs_log as *const () as usize,
         harness_rs_loglevel as *const () as usize,
@@ -210,6 +324,9 @@ pub fn callbacks() -> [usize; 11] {
         harness_rs_alarm_timeouted as *const () as usize,
         harness_rs_img_streamer_open as *const () as usize,
         harness_rs_get_options as *const () as usize,
+        harness_rs_compel_wait_task as *const () as usize,
+        harness_rs_parse_pid_status as *const () as usize,
+        harness_rs_find_unused_fd_pid as *const () as usize,
     ]
 }
 
@@ -245,18 +362,21 @@ pub fn exports(name: &CStr) -> bool {
     !default_symbol(name).is_null()
 }
 
-/// Size of CRIU's `struct cr_options` on x86_64.
-pub const OPTS_SIZE: usize = 0x1f8;
-
 /// Writes the fields of the exported `opts` plugins may read. Returns `false` when the
-/// executable exports no (or a wrongly sized) `opts`.
+/// executable exports no `opts`, or one of another size than `size` (the profile's).
 #[must_use]
-pub fn write_opts(final_state: i32, timeout: u32, stream_offset: usize, stream: bool) -> bool {
-    if exported_size(c"opts") != Some(OPTS_SIZE) || stream_offset + 4 > OPTS_SIZE {
+pub fn write_opts(
+    size: usize,
+    final_state: i32,
+    timeout: u32,
+    stream_offset: usize,
+    stream: bool,
+) -> bool {
+    if exported_size(c"opts") != Some(size) || stream_offset + 4 > size || 0x160 + 4 > size {
         return false;
     }
     let base = default_symbol(c"opts").cast::<u8>();
-    // SAFETY: `opts` is a 0x1f8-byte writable object (size checked above); every offset written
+    // SAFETY: `opts` is a `size`-byte writable object (size checked above); every offset written
     // is within it and only touched by the engine's single thread before plugins run.
     unsafe {
         base.cast::<i32>().write_unaligned(final_state);

@@ -27,6 +27,13 @@
  *   abort           abort()
  *   runthread       (pid hooks) PTRACE_CONT the hook task's last thread, let it run 100 ms, log
  *                   whether it really ran (no stop reported, not in a stop state), stop it again
+ *   compelwait      (pid hooks) as CRIU 4.1's cuda_plugin.c does with a restore thread: PTRACE_CONT
+ *                   the task's last thread, then PTRACE_INTERRUPT it and stop it with
+ *                   compel_wait_task(tid, -1, parse_pid_status, NULL, &creds.s, NULL); log the
+ *                   result, the state and whether the credentials were filled
+ *   closefds        fork a child that opens a descriptor above 2, calls close_fds(3) and exits 0
+ *                   only if every descriptor above 2 is closed; log whether it did
+ *   unusedfd        log whether find_unused_fd_pid(pid) is a descriptor the task does not use
  * The constructor clamps max_hooks to the host's hook count (unless TP_NO_CLAMP) and applies
  * $TP_<NAME>_MAXHOOKS / $TP_<NAME>_VERSION overrides.
  */
@@ -281,6 +288,66 @@ static int run_actions(const char *event, int ev_idx, int pid, int ret)
 				ptrace(PTRACE_INTERRUPT, tid, 0, 0);
 				waitpid(tid, &st, __WALL);
 			}
+		} else if (!strcmp(tok, "compelwait")) {
+			/* struct proc_status_creds: a 40-byte seize_task_status, then uids, gids, ... */
+			int (*wait_task)(int, int, void *, void *, void *, void *) = host_sym("compel_wait_task");
+			void *parse = host_sym("parse_pid_status");
+			unsigned long long creds[15];
+			unsigned int *uids = (unsigned int *)((char *)creds + 40);
+			char path[96];
+			int tid = 0, r;
+			struct dirent *d;
+			DIR *dir;
+			if (!wait_task || !parse) {
+				tp_log("compelwait absent");
+				continue;
+			}
+			snprintf(path, sizeof(path), "/proc/%d/task", pid);
+			dir = opendir(path);
+			while (dir && (d = readdir(dir)))
+				if (atoi(d->d_name) > tid)
+					tid = atoi(d->d_name);
+			if (dir)
+				closedir(dir);
+			memset(creds, 0, sizeof(creds));
+			uids[0] = 12345;
+			if (ptrace(PTRACE_CONT, tid, 0, 0) || ptrace(PTRACE_INTERRUPT, tid, 0, 0)) {
+				tp_log("compelwait ptrace failed errno=%d", errno);
+				continue;
+			}
+			r = wait_task(tid, -1, parse, NULL, creds, NULL);
+			tp_log("compelwait ret=%d state=%c uid=%d", r, ((char *)creds)[24],
+			       uids[0] == (unsigned int)getuid());
+		} else if (!strcmp(tok, "closefds")) {
+			int (*close_fds)(int) = host_sym("close_fds");
+			int st = -1, child;
+			if (!close_fds) {
+				tp_log("closefds absent");
+				continue;
+			}
+			child = fork();
+			if (child == 0) {
+				int fd = open("/dev/null", O_RDONLY), i;
+				if (fd < 3 || dup2(fd, 100) != 100 || close_fds(3) != 0)
+					_exit(2);
+				for (i = 3; i < 1024; i++)
+					if (fcntl(i, F_GETFD) != -1)
+						_exit(1);
+				_exit(0);
+			}
+			waitpid(child, &st, 0);
+			tp_log("closefds ok=%d", WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		} else if (!strcmp(tok, "unusedfd")) {
+			int (*f)(int) = host_sym("find_unused_fd_pid");
+			char path[96];
+			int fd;
+			if (!f) {
+				tp_log("unusedfd absent");
+				continue;
+			}
+			fd = f(pid);
+			snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+			tp_log("unusedfd free=%d", fd > 2 && access(path, F_OK) != 0);
 		} else if (!strcmp(tok, "abort")) {
 			abort();
 		}

@@ -148,7 +148,7 @@ pub fn line(level: u32, msg: &str) -> String {
     line
 }
 
-/// Logs `msg` as [`line`] makes it through `print_on_level(level, "%s", …)`, or to stderr when
+/// Logs `msg` as [`line()`] makes it through `print_on_level(level, "%s", …)`, or to stderr when
 /// CRIU's logger is absent (unit tests, other hosts).
 pub fn log(level: u32, msg: &str) {
     let line = line(level, msg);
