@@ -198,7 +198,9 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    fn copy_rate(&self) -> f64 {
+    /// The copy rate deadlines assume, bytes per second.
+    #[must_use]
+    pub fn copy_rate(&self) -> f64 {
         if self.min_copy_rate > 0.0 {
             self.min_copy_rate
         } else {
@@ -251,6 +253,23 @@ pub struct TaskRecord {
     pub checkpointed_by_us: bool,
 }
 
+/// What the engine tells the guardian before it changes a task's state (see [`crate::agent`]).
+/// Each note returns an error when it could not be delivered.
+pub trait Guard: Send {
+    /// `pid` is about to be changed; `target` is the state to put it back to.
+    fn track(
+        &self,
+        pid: Pid,
+        target: CUprocessState,
+        bytes: Option<u64>,
+        pairs: &[GpuPair],
+    ) -> Result<(), String>;
+    /// `op` is about to start on `pid`.
+    fn intent(&self, pid: Pid, op: Op) -> Result<(), String>;
+    /// `pid` is back in its target state (or gone).
+    fn untrack(&self, pid: Pid) -> Result<(), String>;
+}
+
 /// The lifecycle engine for one CRIU operation.
 pub struct Engine {
     backend: Box<dyn Backend>,
@@ -266,6 +285,13 @@ pub struct Engine {
     sizes: Sizes,
     /// Time spent in the backend and in restore-thread control (see [`Engine::take_spent`]).
     spent: Arc<Spent>,
+    /// The guardian, when a helper process runs.
+    guard: Option<Box<dyn Guard>>,
+    /// A note to the guardian failed (logged once).
+    guard_failed: bool,
+    /// Restore: the dump's tasks were all handed to the guardian (at the first
+    /// RESUME_DEVICES_LATE).
+    restore_tracked: bool,
 }
 
 impl fmt::Debug for Engine {
@@ -330,6 +356,49 @@ impl Engine {
             resumed: BTreeSet::new(),
             sizes: Sizes::default(),
             spent,
+            guard: None,
+            guard_failed: false,
+            restore_tracked: false,
+        }
+    }
+
+    /// Tells `guard`, before every state change, what is about to happen.
+    #[must_use]
+    pub fn with_guard(mut self, guard: Box<dyn Guard>) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    /// Sends one note to the guardian; the first failure is logged.
+    fn guard_note(&mut self, note: impl FnOnce(&dyn Guard) -> Result<(), String>) {
+        let Some(g) = &self.guard else { return };
+        if let Err(e) = note(&**g) {
+            if !std::mem::replace(&mut self.guard_failed, true) {
+                self.log(
+                    Level::Warn,
+                    &format!(
+                        "cannot tell the guardian what the plugin is doing ({e}); should CRIU die \
+                         now, the tasks it changed may stay locked or checkpointed"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// How the plugin's helper should end (see [`crate::agent::proto::FinishMode`]): after a dump
+    /// that kept the tasks checkpointed, or whose rollback left some task unrecovered, it
+    /// watches the tasks until CRIU has exited; otherwise it exits now.
+    #[must_use]
+    pub fn finish_mode(&self) -> crate::agent::proto::FinishMode {
+        use crate::agent::proto::FinishMode;
+        let changed = self
+            .tasks
+            .iter()
+            .any(|t| t.locked_by_us || t.checkpointed_by_us);
+        if self.finish == Finish::Kept || (self.finish == Finish::Done && changed) {
+            FinishMode::WatchTasks
+        } else {
+            FinishMode::Done
         }
     }
 
@@ -389,6 +458,9 @@ impl Engine {
                 }
                 self.survey(pid)?;
                 let (limits, alarm_left) = self.lock_limits(pid)?;
+                let bytes = self.known_bytes(pid);
+                self.guard_note(|g| g.track(pid, initial, bytes, &[]));
+                self.guard_note(|g| g.intent(pid, Op::Lock));
                 let started = std::time::Instant::now();
                 if let Err(cause) = self.backend.lock(pid, limits) {
                     // The alarm is to blame only when the lock ran into the limit it set.
@@ -400,6 +472,11 @@ impl Engine {
                 rec.locked_by_us = true;
             }
             CUprocessState::LOCKED | CUprocessState::CHECKPOINTED => {
+                if initial == CUprocessState::LOCKED {
+                    // Its checkpoint is ours to undo.
+                    let bytes = self.known_bytes(pid);
+                    self.guard_note(|g| g.track(pid, initial, bytes, &[]));
+                }
                 self.log(
                     Level::Info,
                     &format!("pid {pid} is already {initial}; leaving its lock alone"),
@@ -481,6 +558,15 @@ impl Engine {
         }
     }
 
+    /// The device memory of `pid`, when the survey knows it.
+    fn known_bytes(&self, pid: Pid) -> Option<u64> {
+        self.sizes
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.task_bytes(pid))
+            .map(|m| m.values().sum())
+    }
+
     /// The device memory of `pid` per GPU, as NVML reported it at the survey.
     fn task_bytes(&self, pid: Pid) -> Vec<(abi::GpuUuid, u64)> {
         self.sizes
@@ -491,47 +577,16 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// All the memory of all GPUs: NVML's, else the driver's enumeration (once).
-    fn all_gpu_bytes(&mut self) -> u64 {
-        if let Some(b) = self.sizes.all_gpus {
-            return b;
-        }
-        let b = match self.host.current_gpus(self.cfg.timeout) {
-            Ok(gpus) => gpus.iter().map(|g| g.memory_bytes).sum(),
-            Err(why) => {
-                self.log(
-                    Level::Warn,
-                    &format!("cannot size copies by the GPUs' memory ({why})"),
-                );
-                0
-            }
-        };
-        self.sizes.all_gpus = Some(b);
-        b
-    }
-
-    /// The deadline of a checkpoint or restore of `pid` moving `bytes` (unknown: all GPU
-    /// memory): the timeout plus what the bytes take at the minimum copy rate.
+    /// The deadline of a checkpoint or restore of `pid` moving `bytes` (see [`copy_deadline`]).
     fn copy_deadline(&mut self, step: Step, pid: Pid, bytes: Option<u64>) -> Option<Duration> {
-        let (bytes, how) = match bytes {
-            Some(b) => (b, "its GPU memory"),
-            None => (
-                self.all_gpu_bytes(),
-                "all GPU memory, its own being unknown",
-            ),
-        };
-        let d = crate::nvml::copy_deadline(self.cfg.timeout, bytes, self.cfg.copy_rate());
-        if let Some(d) = d {
-            self.log(
-                Level::Debug,
-                &format!(
-                    "{step} pid {pid}: deadline {:.1} s for {} ({how})",
-                    d.as_secs_f64(),
-                    crate::nvml::gib(bytes)
-                ),
-            );
-        }
-        d
+        copy_deadline(
+            &mut self.sizes,
+            &mut *self.host,
+            &self.cfg,
+            step,
+            pid,
+            bytes,
+        )
     }
 
     /// The limits of the next lock: the per-operation timeout, shortened to what is left of
@@ -588,11 +643,14 @@ impl Engine {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("unknown: {e}"),
             };
+            self.guard_note(|g| g.untrack(pid));
             return EngineError::ForeignLock { pid, state, cause };
         }
         if cause.may_have_landed() && !self.unlock_if_locked(pid) {
             rec.locked_by_us = true;
             self.tasks.push(rec);
+        } else {
+            self.guard_note(|g| g.untrack(pid));
         }
         match alarm_left {
             Some(left) if cause.is_timeout() => EngineError::FreezeTimeout {
@@ -682,6 +740,7 @@ impl Engine {
             // Marked before the call: a checkpoint that reports a failure (a timeout, say) may
             // still have happened, and the rollback is state-driven anyway.
             self.tasks[i].checkpointed_by_us = true;
+            self.guard_note(|g| g.intent(pid, Op::Checkpoint));
             let started = std::time::Instant::now();
             let done = self.backend.checkpoint(pid, deadline);
             checkpoint_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
@@ -783,10 +842,12 @@ impl Engine {
             // A call of an earlier put-back that timed out must not block this task's.
             self.backend.settle(Duration::ZERO);
             let mut steps = Vec::new();
+            self.guard_note(|g| g.intent(rec.pid, Op::Restore));
             match self.put_back(&rec, &mut steps) {
                 Ok(()) => {
                     self.tasks[i].locked_by_us = false;
                     self.tasks[i].checkpointed_by_us = false;
+                    self.guard_note(|g| g.untrack(rec.pid));
                     let done = if steps.is_empty() {
                         String::new()
                     } else {
@@ -800,6 +861,7 @@ impl Engine {
                 Err(_) if !self.threads.task_exists(rec.pid) => {
                     self.tasks[i].locked_by_us = false;
                     self.tasks[i].checkpointed_by_us = false;
+                    self.guard_note(|g| g.untrack(rec.pid));
                     self.log(
                         Level::Warn,
                         &format!(
@@ -877,38 +939,32 @@ impl Engine {
         steps: &mut Vec<&'static str>,
     ) -> Result<(), EngineError> {
         let step = Step::DumpFinish;
-        let be = |cause| EngineError::Backend { step, pid, cause };
-        let mut state = self.backend.get_state(pid).map_err(be)?;
-        loop {
-            match (state, target) {
-                (s, t) if s == t => return Ok(()),
-                (CUprocessState::CHECKPOINTED, _) => {
-                    // No remapping: the GPUs are the ones it was checkpointed from.
-                    let known = self
-                        .sizes
-                        .snapshot
-                        .is_some()
-                        .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
-                    let deadline = self.copy_deadline(step, pid, known);
-                    self.backend.restore(pid, &[], deadline).map_err(be)?;
-                    steps.push("restored");
-                    state = CUprocessState::LOCKED;
-                }
-                (CUprocessState::LOCKED, CUprocessState::RUNNING) => {
-                    self.backend.unlock(pid).map_err(be)?;
-                    steps.push("unlocked");
-                    state = CUprocessState::RUNNING;
-                }
-                (CUprocessState::RUNNING | CUprocessState::LOCKED, _) => {
-                    // Less advanced than it was found: someone else changed it; do not re-lock.
-                    self.log(
-                        Level::Warn,
-                        &format!("pid {pid} is {state}, was {target} at dump start; leaving it"),
-                    );
-                    return Ok(());
-                }
-                (state, _) => return Err(EngineError::BadState { step, pid, state }),
+        let known = self
+            .sizes
+            .snapshot
+            .is_some()
+            .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
+        let (sizes, host, cfg) = (&mut self.sizes, &mut self.host, &self.cfg);
+        let driven = drive(
+            &mut *self.backend,
+            pid,
+            target,
+            &[],
+            &mut || copy_deadline(sizes, &mut **host, cfg, step, pid, known),
+            steps,
+        );
+        match driven {
+            Ok(Driven::Reached) => Ok(()),
+            Ok(Driven::LessAdvanced(state)) => {
+                // Someone else changed it; do not re-lock.
+                self.log(
+                    Level::Warn,
+                    &format!("pid {pid} is {state}, was {target} at dump start; leaving it"),
+                );
+                Ok(())
             }
+            Err(DriveError::Backend(cause)) => Err(EngineError::Backend { step, pid, cause }),
+            Err(DriveError::BadState(state)) => Err(EngineError::BadState { step, pid, state }),
         }
     }
 
@@ -916,6 +972,7 @@ impl Engine {
     /// CRIU; on hosts that ignore it (CRIU 4.1/4.2) the task is also killed or left as it is,
     /// per [`EngineConfig::on_restore_failure`].
     pub fn resume_devices_late(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
+        self.track_restore_tree(pid);
         self.resumed.insert(pid);
         let r = self.resume_task(pid);
         if let Err(e) = &r {
@@ -959,6 +1016,30 @@ impl Engine {
                     ),
                 );
             }
+        }
+    }
+
+    /// At the first RESUME_DEVICES_LATE (CRIU calls it for the tree's root first): hands every
+    /// CUDA task of the restored tree to the guardian, so that CRIU's death halfway through the
+    /// loop leaves none of them checkpointed, not only those the loop has reached.
+    fn track_restore_tree(&mut self, root: Pid) {
+        if self.guard.is_none() || std::mem::replace(&mut self.restore_tracked, true) {
+            return;
+        }
+        let Some(list) = &self.cfg.restore_tasks else {
+            return;
+        };
+        let tree = self.host.tree(root);
+        let pairs = self.cfg.pairs.clone();
+        let tasks: Vec<(Pid, CUprocessState, Option<u64>)> = list
+            .iter()
+            .filter(|(p, img)| {
+                tree.contains(p) && img.initial_state != CUprocessState::CHECKPOINTED
+            })
+            .map(|(p, img)| (*p, img.initial_state, img.total_bytes()))
+            .collect();
+        for (p, initial, bytes) in tasks {
+            self.guard_note(|g| g.track(p, initial, bytes, &pairs));
         }
     }
 
@@ -1014,8 +1095,10 @@ impl Engine {
         }
         let bytes = record.as_ref().and_then(TaskImage::total_bytes);
         let deadline = self.copy_deadline(step, pid, bytes);
-        let resumed = self.resume_thread(step, pid, tid)?;
         let pairs = self.cfg.pairs.clone();
+        self.guard_note(|g| g.track(pid, initial, bytes, &pairs));
+        self.guard_note(|g| g.intent(pid, Op::Restore));
+        let resumed = self.resume_thread(step, pid, tid)?;
         let started = std::time::Instant::now();
         let mut done = self.backend.restore(pid, &pairs, deadline).map_err(be);
         let restore_ms = started.elapsed().as_millis();
@@ -1066,6 +1149,109 @@ impl Engine {
                      had CUDA state at dump time; their GPU state was not restored"
                 ),
             );
+        }
+    }
+}
+
+/// All the memory of all GPUs: NVML's, else the driver's enumeration (once).
+fn all_gpu_bytes(sizes: &mut Sizes, host: &mut dyn Host, cfg: &EngineConfig) -> u64 {
+    if let Some(b) = sizes.all_gpus {
+        return b;
+    }
+    let b = match host.current_gpus(cfg.timeout) {
+        Ok(gpus) => gpus.iter().map(|g| g.memory_bytes).sum(),
+        Err(why) => {
+            host.log(
+                Level::Warn,
+                &format!("cannot size copies by the GPUs' memory ({why})"),
+            );
+            0
+        }
+    };
+    sizes.all_gpus = Some(b);
+    b
+}
+
+/// The deadline of a checkpoint or restore of `pid` moving `bytes` (unknown: all GPU memory):
+/// the timeout plus what the bytes take at the minimum copy rate.
+fn copy_deadline(
+    sizes: &mut Sizes,
+    host: &mut dyn Host,
+    cfg: &EngineConfig,
+    step: Step,
+    pid: Pid,
+    bytes: Option<u64>,
+) -> Option<Duration> {
+    let (bytes, how) = match bytes {
+        Some(b) => (b, "its GPU memory"),
+        None => (
+            all_gpu_bytes(sizes, host, cfg),
+            "all GPU memory, its own being unknown",
+        ),
+    };
+    let d = crate::nvml::copy_deadline(cfg.timeout, bytes, cfg.copy_rate());
+    if let Some(d) = d {
+        host.log(
+            Level::Debug,
+            &format!(
+                "{step} pid {pid}: deadline {:.1} s for {} ({how})",
+                d.as_secs_f64(),
+                crate::nvml::gib(bytes)
+            ),
+        );
+    }
+    d
+}
+
+/// How [`drive`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driven {
+    /// The task is in the target state.
+    Reached,
+    /// The task is less advanced than the target (RUNNING, or LOCKED for a CHECKPOINTED
+    /// target): someone else changed it, and it is left so (never re-locked).
+    LessAdvanced(CUprocessState),
+}
+
+/// Why [`drive`] failed.
+#[derive(Debug)]
+pub enum DriveError {
+    Backend(BackendError),
+    /// A state the machine has no way back from.
+    BadState(CUprocessState),
+}
+
+/// Drives `pid` to `target`, state-driven: query the state, then restore (with `pairs` and the
+/// deadline `restore_deadline` gives) and unlock as needed. Every step taken is added to
+/// `steps`. Shared by the rollback and the guardian.
+pub fn drive(
+    backend: &mut dyn Backend,
+    pid: Pid,
+    target: CUprocessState,
+    pairs: &[GpuPair],
+    restore_deadline: &mut dyn FnMut() -> Option<Duration>,
+    steps: &mut Vec<&'static str>,
+) -> Result<Driven, DriveError> {
+    let mut state = backend.get_state(pid).map_err(DriveError::Backend)?;
+    loop {
+        match (state, target) {
+            (s, t) if s == t => return Ok(Driven::Reached),
+            (CUprocessState::CHECKPOINTED, _) => {
+                backend
+                    .restore(pid, pairs, restore_deadline())
+                    .map_err(DriveError::Backend)?;
+                steps.push("restored");
+                state = CUprocessState::LOCKED;
+            }
+            (CUprocessState::LOCKED, CUprocessState::RUNNING) => {
+                backend.unlock(pid).map_err(DriveError::Backend)?;
+                steps.push("unlocked");
+                state = CUprocessState::RUNNING;
+            }
+            (CUprocessState::RUNNING | CUprocessState::LOCKED, _) => {
+                return Ok(Driven::LessAdvanced(state))
+            }
+            (state, _) => return Err(DriveError::BadState(state)),
         }
     }
 }

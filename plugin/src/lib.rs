@@ -26,6 +26,7 @@
 //! | [`gpu_map`] | `device-map`: the grammar, and its resolution against the inventory and this host's GPUs. |
 //! | [`error`] | The top-level error and its single translation to a negative errno. |
 //! | [`worker`] | Driver calls on a worker thread with a deadline, and the one rule for calls abandoned on timeout. |
+//! | [`agent`] | The helper process: driver calls outside CRIU (CRIU stays single-threaded) and the guardian that puts tasks back when CRIU dies. |
 //! | [`nvml`](mod@nvml) | Sizes: GPU memory per task (NVML), host- and GPU-memory checks, deadlines that grow with the data. |
 //! | [`message`] | Keeping every message handed to CRIU short (CRIU's buffer is 8 KiB). |
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
@@ -44,6 +45,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod agent;
 pub mod backend;
 pub mod engine;
 pub mod env;

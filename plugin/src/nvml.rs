@@ -64,6 +64,9 @@ pub enum NvmlError {
     BadUuid { text: String, why: String },
     #[error("NVML did not answer: {0}")]
     Stuck(String),
+    /// NVML's failure as the plugin's helper process reported it (its message, unchanged).
+    #[error("{0}")]
+    Helper(String),
 }
 
 impl Snapshot {

@@ -136,6 +136,8 @@ pub struct Options {
     /// `min-copy-rate=GBPS`: the copy rate a checkpoint's or restore's deadline assumes, in
     /// GB/s (10^9 bytes per second); `None`: [`crate::nvml::DEFAULT_MIN_COPY_RATE`].
     pub min_copy_rate: Option<CopyRate>,
+    /// `guardian=off`: no helper process (default on; see [`crate::agent`]).
+    pub no_guardian: bool,
 }
 
 /// A copy rate in GB/s, as given (kept as text so that rendering round-trips).
@@ -216,6 +218,10 @@ impl Options {
         if let Some(r) = &self.min_copy_rate {
             out.push(format!("{NAMESPACE}.min-copy-rate={r}"));
         }
+        out.push(format!(
+            "{NAMESPACE}.guardian={}",
+            if self.no_guardian { "off" } else { "on" }
+        ));
         out
     }
 }
@@ -225,7 +231,7 @@ impl Options {
 pub enum OptionError {
     #[error(
         "unknown option {NAMESPACE}.{} (known: backend, device-map, timeout, cuda-checkpoint, \
-         on-restore-failure)",
+         on-restore-failure, check-capacity, min-copy-rate, guardian)",
         crate::message::quote(name)
     )]
     Unknown { name: String },
@@ -255,7 +261,7 @@ pub struct OptionDoc {
 }
 
 /// Every option, for tools that list plugin options without loading the plugin's `init`.
-pub const DOCS: [OptionDoc; 7] = [
+pub const DOCS: [OptionDoc; 8] = [
     OptionDoc {
         name: c"backend",
         value_syntax: c"auto|driver-api|cuda-checkpoint",
@@ -297,6 +303,12 @@ pub const DOCS: [OptionDoc; 7] = [
         value_syntax: c"GBPS",
         default_value: Some(c"1"),
         help: c"the copy rate, in GB/s, a checkpoint's or restore's deadline assumes: timeout + bytes / rate",
+    },
+    OptionDoc {
+        name: c"guardian",
+        value_syntax: c"on|off",
+        default_value: Some(c"on"),
+        help: c"a helper process, started at init, runs the driver calls (CRIU stays single-threaded) and, if CRIU dies mid-operation, puts every CUDA task it touched back in its dump-start state (log: cuda-plugin-guardian.log in the image directory); off: driver calls run on threads inside CRIU and nothing guards the tasks",
     },
 ];
 
@@ -413,6 +425,14 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, Opt
             "min-copy-rate" => {
                 let v = need(RATE_ALLOWED)?;
                 o.min_copy_rate = Some(CopyRate::parse(v).ok_or_else(|| invalid(RATE_ALLOWED, v))?);
+            }
+            "guardian" => {
+                let v = need(ONOFF_ALLOWED)?;
+                o.no_guardian = match v {
+                    "on" => false,
+                    "off" => true,
+                    _ => return Err(invalid(ONOFF_ALLOWED, v)),
+                };
             }
             "on-restore-failure" => {
                 let v = need(RestoreFailure::ALLOWED)?;
@@ -578,9 +598,10 @@ mod tests {
             prop_oneof![Just(RestoreFailure::Kill), Just(RestoreFailure::Leave)],
             any::<bool>(),
             proptest::option::of("[1-9][0-9]{0,3}(\\.[0-9]{1,3})?"),
+            any::<bool>(),
         )
             .prop_map(
-                |(backend, device_map, timeout, cc, orf, skip, rate)| Options {
+                |(backend, device_map, timeout, cc, orf, skip, rate, no_guardian)| Options {
                     backend,
                     device_map,
                     timeout,
@@ -588,6 +609,7 @@ mod tests {
                     on_restore_failure: orf,
                     skip_capacity_check: skip,
                     min_copy_rate: rate.map(CopyRate),
+                    no_guardian,
                 },
             )
     }

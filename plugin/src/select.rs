@@ -17,17 +17,16 @@
 //! for the CLI, that `cuda-checkpoint -h` runs and mentions `--action` (r555+).
 
 use crate::backend::cli::CliProbe;
-use crate::backend::driver::{CudaDriver, DriverProbe};
+use crate::backend::driver::DriverProbe;
 use crate::options::BackendChoice;
 use abi::CUresult;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// The chosen backend, with what its probe learnt.
 pub enum Selected {
     Driver {
-        driver: Arc<dyn CudaDriver>,
+        driver: crate::backend::driver::DriverHandle,
         version: i32,
         init: Option<CUresult>,
     },
@@ -149,8 +148,9 @@ pub fn select(
 mod tests {
     use super::*;
     use crate::backend::driver::tests::FakeDriver;
-    use crate::backend::driver::{probe_driver, LoadError};
+    use crate::backend::driver::{probe_driver, CudaDriver, LoadError};
     use std::cell::Cell;
+    use std::sync::Arc;
 
     /// The driver side of the matrix.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]

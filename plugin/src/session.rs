@@ -18,7 +18,7 @@
 //! consumed only once the backend is ready (exact match; see [`crate::ffi::criu`]).
 
 use crate::backend::cli::{Cli, CliProbe, ProcessRunner};
-use crate::backend::driver::{DriverApi, DriverProbe};
+use crate::backend::driver::{DriverApi, DriverHandle, DriverProbe};
 use crate::backend::{Backend, GpuPair, Pid};
 use crate::engine::EngineConfig;
 use crate::env::Environment;
@@ -73,6 +73,11 @@ pub enum InventoryAnswer {
 
 /// Side-effecting services `init` uses.
 pub trait InitServices {
+    /// Whether the helper process may run (`guardian=on`); called once the options are known,
+    /// before any other service that may touch the driver.
+    fn allow_helper(&mut self, allowed: bool) {
+        let _ = allowed;
+    }
     /// Probes the driver API, giving up after `limit` (`None`: no limit).
     fn probe_driver(&mut self, call_init: bool, limit: Option<Duration>) -> DriverProbe;
     fn probe_cli(
@@ -131,6 +136,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
         .as_deref()
         .map(MapSpec::parse)
         .transpose()?;
+    svc.allow_helper(!options.no_guardian);
     let timeout = options.effective_timeout(ctx.criu_timeout);
     let mut notes = vec![format!(
         "options from {source}: backend={}, timeout={}, device map: {}",
@@ -410,7 +416,14 @@ pub fn build_backend(
     worker: Worker,
 ) -> Box<dyn Backend> {
     match selected {
-        Selected::Driver { driver, .. } => Box::new(DriverApi::new(driver, timeout, worker)),
+        Selected::Driver {
+            driver: DriverHandle::Local(driver),
+            ..
+        } => Box::new(DriverApi::new(driver, timeout, worker)),
+        Selected::Driver {
+            driver: DriverHandle::Exec(exec),
+            ..
+        } => Box::new(DriverApi::with_exec(exec, timeout)),
         Selected::Cli {
             program,
             device_map,

@@ -100,6 +100,54 @@ pub fn descendants(root: Pid) -> Vec<Pid> {
     out
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (the state is the first), or `None`
+/// when the process is gone.
+fn stat_fields(pid: Pid) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// When `pid` started (clock ticks after boot, `/proc/<pid>/stat` field 22): with the pid, it
+/// names one process for good (a pid can be reused, the pair cannot).
+#[must_use]
+pub fn start_time(pid: Pid) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// Whether `pid` is on its way out: the kernel's `PF_EXITING` flag (`/proc/<pid>/stat` field 9)
+/// or a SIGKILL pending for it (`SigPnd`/`ShdPnd` of `/proc/<pid>/status`). True when it is gone.
+#[must_use]
+pub fn exiting(pid: Pid) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Some(fields) = stat_fields(pid) else {
+        return true;
+    };
+    if matches!(fields.first().map(String::as_str), Some("Z" | "X" | "x")) {
+        return true;
+    }
+    if fields
+        .get(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|f| f & PF_EXITING != 0)
+    {
+        return true;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    sigkill_pending(&status)
+}
+
+fn sigkill_pending(status: &str) -> bool {
+    let bit = 1u64 << (libc::SIGKILL - 1);
+    status.lines().any(|l| {
+        ["SigPnd:", "ShdPnd:"].iter().any(|k| {
+            l.strip_prefix(k)
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .is_some_and(|m| m & bit != 0)
+        })
+    })
+}
+
 /// Whether `pid` is alive: its `/proc` entry exists and it is not a zombie (or dead).
 #[must_use]
 pub fn process_alive(pid: Pid) -> bool {
@@ -136,6 +184,32 @@ mod tests {
         let me = std::process::id() as i32;
         assert_eq!(tracer_of(me, me), Some(0), "the test process is not traced");
         assert_eq!(tracer_of(me, i32::MAX), None);
+    }
+
+    #[test]
+    fn start_times_and_pending_kills() {
+        let me = std::process::id() as i32;
+        let t = start_time(me).unwrap();
+        assert_eq!(start_time(me), Some(t), "stable");
+        assert_eq!(start_time(i32::MAX), None);
+        assert!(!exiting(me));
+        assert!(exiting(i32::MAX), "a gone process is as good as exited");
+        assert!(sigkill_pending(
+            "SigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n"
+        ));
+        assert!(!sigkill_pending(
+            "SigPnd:\t0000000000000000\nShdPnd:\t0000000000004000\n"
+        ));
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        assert!(start_time(pid).unwrap() >= t);
+        assert!(!exiting(pid));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(exiting(pid));
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub enum CallError {
     /// No thread could be started.
     #[error("cannot start a worker thread: {0}")]
     NoThread(String),
+    /// The helper process that runs the call is gone (it crashed, or was killed).
+    #[error("the plugin's helper process is gone ({0})")]
+    Lost(String),
 }
 
 /// The abandoned call, while it is blocked.

@@ -7,11 +7,14 @@
 //! # Timeouts and abandoned calls
 //!
 //! A driver call can block: the work is done by the target's restore thread, and if that thread
-//! cannot run (stopped, or wedged in the driver) the caller waits forever. So every call runs on
-//! the session's [`Worker`] with the operation's deadline; the worker's one rule for a call that
-//! overruns it (abandon it, refuse further calls while it stays blocked, let a rollback wait a
-//! bounded time for it) is described in [`crate::worker`]. A timed-out call surfaces as
-//! [`BackendError::Timeout`], a refused one as [`BackendError::Busy`].
+//! cannot run (stopped, or wedged in the driver) the caller waits forever. So every call is a
+//! [`DriverCall`] that a [`DriverExec`] runs with the operation's deadline: in the plugin's
+//! helper process ([`crate::agent`], the default, which keeps CRIU single-threaded), or on the
+//! session's [`Worker`] threads (`guardian=off`, or when the helper cannot start). The rule for a
+//! call that overruns its deadline (abandon it, refuse further calls while it stays blocked, let a
+//! rollback wait a bounded time for it) is the same for both and described in [`crate::worker`].
+//! A timed-out call surfaces as [`BackendError::Timeout`], a refused one as
+//! [`BackendError::Busy`], a helper that died mid-call as [`BackendError::HelperLost`].
 
 use super::{
     lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, GpuPair, LockLimits, Op, Pid,
@@ -57,11 +60,29 @@ pub enum LoadError {
     SymbolMissing(&'static str),
 }
 
+/// Where a usable driver's calls run.
+#[derive(Clone)]
+pub enum DriverHandle {
+    /// In this process, on worker threads.
+    Local(Arc<dyn CudaDriver>),
+    /// Through an executor: the plugin's helper process ([`crate::agent`]).
+    Exec(Arc<dyn DriverExec>),
+}
+
+impl fmt::Debug for DriverHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DriverHandle::Local(_) => "Local",
+            DriverHandle::Exec(_) => "Exec",
+        })
+    }
+}
+
 /// The outcome of probing the driver API.
 pub enum DriverProbe {
     /// Usable. `init` holds the `cuInit(0)` result when the probe was asked to initialise.
     Supported {
-        driver: Arc<dyn CudaDriver>,
+        driver: DriverHandle,
         version: i32,
         init: Option<CUresult>,
     },
@@ -105,20 +126,127 @@ pub fn probe_driver(load: Result<Arc<dyn CudaDriver>, LoadError>, call_init: boo
     }
     let init = call_init.then(|| driver.init());
     DriverProbe::Supported {
-        driver,
+        driver: DriverHandle::Local(driver),
         version,
         init,
     }
 }
 
+/// One driver call, as data: what [`DriverExec`] runs (here, on a worker thread, or in the
+/// plugin's helper process, see [`crate::agent`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum DriverCall {
+    /// `cuInit(0)`.
+    Init,
+    /// `cuCheckpointProcessGetRestoreThreadId`.
+    RestoreTid(Pid),
+    /// `cuCheckpointProcessGetState`.
+    State(Pid),
+    /// `cuCheckpointProcessLock` with `timeoutMs`.
+    Lock { pid: Pid, timeout_ms: u32 },
+    /// `cuCheckpointProcessCheckpoint`.
+    Checkpoint(Pid),
+    /// `cuCheckpointProcessRestore` with GPU pairs (old UUID, new UUID).
+    Restore {
+        pid: Pid,
+        pairs: Vec<([u8; 16], [u8; 16])>,
+    },
+    /// `cuCheckpointProcessUnlock`.
+    Unlock(Pid),
+}
+
+/// What a [`DriverCall`] returned: the raw codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum DriverReply {
+    Tid(Result<i32, u32>),
+    State(Result<u32, u32>),
+    Code(u32),
+}
+
+impl DriverCall {
+    /// Runs the call on `d`.
+    #[must_use]
+    pub fn apply(&self, d: &dyn CudaDriver) -> DriverReply {
+        match self {
+            DriverCall::Init => DriverReply::Code(d.init().0),
+            DriverCall::RestoreTid(pid) => DriverReply::Tid(d.restore_tid(*pid).map_err(|c| c.0)),
+            DriverCall::State(pid) => {
+                DriverReply::State(d.state(*pid).map(|s| s.0).map_err(|c| c.0))
+            }
+            DriverCall::Lock { pid, timeout_ms } => DriverReply::Code(d.lock(*pid, *timeout_ms).0),
+            DriverCall::Checkpoint(pid) => DriverReply::Code(d.checkpoint(*pid).0),
+            DriverCall::Restore { pid, pairs } => {
+                let pairs: Vec<CUcheckpointGpuPair> = pairs
+                    .iter()
+                    .map(|(old, new)| CUcheckpointGpuPair {
+                        old_uuid: abi::GpuUuid(*old).to_cu(),
+                        new_uuid: abi::GpuUuid(*new).to_cu(),
+                    })
+                    .collect();
+                DriverReply::Code(d.restore(*pid, &pairs).0)
+            }
+            DriverCall::Unlock(pid) => DriverReply::Code(d.unlock(*pid).0),
+        }
+    }
+}
+
+/// Runs driver calls with deadlines and the rule for abandoned calls of [`crate::worker`]: on a
+/// worker thread of this process ([`LocalExec`]) or in the plugin's helper process
+/// ([`crate::agent::client::Link`]), which keeps CRIU single-threaded.
+pub trait DriverExec: Send + Sync {
+    /// Runs `call` (described by `what` in messages), waiting at most `deadline`.
+    fn exec(
+        &self,
+        what: &str,
+        call: DriverCall,
+        deadline: Option<Duration>,
+    ) -> Result<DriverReply, CallError>;
+    /// What the abandoned call that is still blocked was, if one is.
+    fn blocked(&self) -> Option<String>;
+    /// Waits at most `limit` for an abandoned call to return (see [`Worker::settle`]).
+    fn settle(&self, limit: Duration) -> bool;
+}
+
+/// Driver calls on a worker thread of this process.
+pub struct LocalExec {
+    pub driver: Arc<dyn CudaDriver>,
+    pub worker: Worker,
+}
+
+impl fmt::Debug for LocalExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalExec")
+            .field("worker", &self.worker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DriverExec for LocalExec {
+    fn exec(
+        &self,
+        what: &str,
+        call: DriverCall,
+        deadline: Option<Duration>,
+    ) -> Result<DriverReply, CallError> {
+        let driver = Arc::clone(&self.driver);
+        self.worker
+            .call(what, deadline, move || call.apply(&*driver))
+    }
+    fn blocked(&self) -> Option<String> {
+        self.worker.blocked()
+    }
+    fn settle(&self, limit: Duration) -> bool {
+        self.worker.settle(limit)
+    }
+}
+
 /// The driver-API backend.
 pub struct DriverApi {
-    driver: Arc<dyn CudaDriver>,
-    /// Runs every call with its deadline; shared with the probe and the GPU enumeration.
-    worker: Worker,
+    exec: Arc<dyn DriverExec>,
     /// The per-operation timeout (`None` = forever).
     timeout: Option<Duration>,
-    /// `cuInit(0)` succeeded in this process (restore needs it, also during a dump's rollback).
+    /// `cuInit(0)` succeeded in the calling process (restore needs it, also during a dump's
+    /// rollback).
     initialized: bool,
     /// The operation of the last call abandoned on timeout.
     abandoned: std::cell::Cell<Option<Op>>,
@@ -127,7 +255,7 @@ pub struct DriverApi {
 impl fmt::Debug for DriverApi {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DriverApi")
-            .field("worker", &self.worker)
+            .field("blocked", &self.exec.blocked())
             .finish_non_exhaustive()
     }
 }
@@ -136,9 +264,13 @@ impl DriverApi {
     /// A backend over `driver` with a per-operation `timeout` (`None` = forever), whose calls run
     /// on `worker`.
     pub fn new(driver: Arc<dyn CudaDriver>, timeout: Option<Duration>, worker: Worker) -> Self {
+        Self::with_exec(Arc::new(LocalExec { driver, worker }), timeout)
+    }
+
+    /// A backend whose calls `exec` runs.
+    pub fn with_exec(exec: Arc<dyn DriverExec>, timeout: Option<Duration>) -> Self {
         DriverApi {
-            driver,
-            worker,
+            exec,
             timeout,
             initialized: false,
             abandoned: std::cell::Cell::new(None),
@@ -148,19 +280,18 @@ impl DriverApi {
     /// True while an abandoned call is still blocked in the driver.
     #[must_use]
     pub fn has_outstanding_call(&self) -> bool {
-        self.worker.blocked().is_some()
+        self.exec.blocked().is_some()
     }
 
-    fn call<T: Send + 'static>(
+    fn call(
         &self,
         op: Op,
         pid: Pid,
         deadline: Option<Duration>,
-        f: impl FnOnce(&dyn CudaDriver) -> T + Send + 'static,
-    ) -> Result<T, BackendError> {
-        let driver = Arc::clone(&self.driver);
-        self.worker
-            .call(&format!("{op} pid {pid}"), deadline, move || f(&*driver))
+        call: DriverCall,
+    ) -> Result<DriverReply, BackendError> {
+        self.exec
+            .exec(&format!("{op} pid {pid}"), call, deadline)
             .map_err(|e| match e {
                 CallError::TimedOut { after } => {
                     self.abandoned.set(Some(op));
@@ -184,7 +315,25 @@ impl DriverApi {
                     pid,
                     what: "cannot start a worker thread",
                 },
+                CallError::Lost(why) => BackendError::HelperLost { op, pid, why },
             })
+    }
+
+    /// The code of a reply that must be a plain `CUresult`.
+    fn code_of(op: Op, pid: Pid, r: DriverReply) -> Result<(), BackendError> {
+        match r {
+            DriverReply::Code(c) => DriverApi::code(op, pid, CUresult(c)),
+            other => Err(Self::mismatch(op, pid, other)),
+        }
+    }
+
+    fn mismatch(op: Op, pid: Pid, r: DriverReply) -> BackendError {
+        BackendError::BadOutput {
+            backend: BackendKind::DriverApi,
+            op,
+            pid,
+            output: format!("{r:?}"),
+        }
     }
 
     fn code(op: Op, pid: Pid, code: CUresult) -> Result<(), BackendError> {
@@ -208,51 +357,63 @@ impl Backend for DriverApi {
 
     fn settle(&mut self, limit: Duration) -> bool {
         let limit = match self.abandoned.get() {
+            // None of this backend's calls was abandoned: nothing to wait for.
+            None => return true,
             Some(Op::Lock) => limit.min(super::LOCK_ABANDON_GRACE),
-            _ => limit,
+            Some(_) => limit,
         };
-        self.worker.settle(limit)
+        self.exec.settle(limit)
     }
 
     fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError> {
         let op = Op::GetRestoreTid;
-        match self.call(op, pid, op_deadline(op, self.timeout), move |d| {
-            d.restore_tid(pid)
-        })? {
-            Ok(tid) if tid > 0 => Ok(Some(tid)),
-            Ok(_) => Ok(None),
-            // What callers of the API observe for a process without CUDA state.
-            Err(CUresult::ERROR_INVALID_VALUE | CUresult::ERROR_NOT_INITIALIZED) => Ok(None),
-            Err(code) => DriverApi::code(op, pid, code).map(|()| None),
+        match self.call(
+            op,
+            pid,
+            op_deadline(op, self.timeout),
+            DriverCall::RestoreTid(pid),
+        )? {
+            DriverReply::Tid(Ok(tid)) if tid > 0 => Ok(Some(tid)),
+            DriverReply::Tid(Ok(_)) => Ok(None),
+            DriverReply::Tid(Err(code)) => match CUresult(code) {
+                // What callers of the API observe for a process without CUDA state.
+                CUresult::ERROR_INVALID_VALUE | CUresult::ERROR_NOT_INITIALIZED => Ok(None),
+                code => DriverApi::code(op, pid, code).map(|()| None),
+            },
+            other => Err(Self::mismatch(op, pid, other)),
         }
     }
 
     fn get_state(&mut self, pid: Pid) -> Result<CUprocessState, BackendError> {
         let op = Op::GetState;
-        match self.call(op, pid, op_deadline(op, self.timeout), move |d| {
-            d.state(pid)
-        })? {
-            Ok(s) => Ok(s),
-            Err(code) => Err(BackendError::Cuda {
+        match self.call(
+            op,
+            pid,
+            op_deadline(op, self.timeout),
+            DriverCall::State(pid),
+        )? {
+            DriverReply::State(Ok(s)) => Ok(CUprocessState(s)),
+            DriverReply::State(Err(code)) => Err(BackendError::Cuda {
                 backend: BackendKind::DriverApi,
                 op,
                 pid,
-                code,
+                code: CUresult(code),
             }),
+            other => Err(Self::mismatch(op, pid, other)),
         }
     }
 
     fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError> {
         let op = Op::Lock;
-        let ms = lock_timeout_ms(limits.driver);
-        let code = self.call(op, pid, limits.wait, move |d| d.lock(pid, ms))?;
-        DriverApi::code(op, pid, code)
+        let timeout_ms = lock_timeout_ms(limits.driver);
+        let r = self.call(op, pid, limits.wait, DriverCall::Lock { pid, timeout_ms })?;
+        DriverApi::code_of(op, pid, r)
     }
 
     fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
         let op = Op::Checkpoint;
-        let code = self.call(op, pid, deadline, move |d| d.checkpoint(pid))?;
-        DriverApi::code(op, pid, code)
+        let r = self.call(op, pid, deadline, DriverCall::Checkpoint(pid))?;
+        DriverApi::code_of(op, pid, r)
     }
 
     fn restore(
@@ -265,28 +426,25 @@ impl Backend for DriverApi {
             // Restore needs an initialised driver in the caller (or persistence mode); a dump's
             // rollback restores too, so initialise lazily here rather than in the probe.
             let op = Op::Init;
-            let code = self.call(op, pid, op_deadline(op, self.timeout), |d| d.init())?;
-            DriverApi::code(op, pid, code)?;
+            let r = self.call(op, pid, op_deadline(op, self.timeout), DriverCall::Init)?;
+            DriverApi::code_of(op, pid, r)?;
             self.initialized = true;
         }
         let op = Op::Restore;
-        let pairs: Vec<CUcheckpointGpuPair> = pairs
-            .iter()
-            .map(|(old, new)| CUcheckpointGpuPair {
-                old_uuid: old.to_cu(),
-                new_uuid: new.to_cu(),
-            })
-            .collect();
-        let code = self.call(op, pid, deadline, move |d| d.restore(pid, &pairs))?;
-        DriverApi::code(op, pid, code)
+        let pairs = pairs.iter().map(|(old, new)| (old.0, new.0)).collect();
+        let r = self.call(op, pid, deadline, DriverCall::Restore { pid, pairs })?;
+        DriverApi::code_of(op, pid, r)
     }
 
     fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
         let op = Op::Unlock;
-        let code = self.call(op, pid, op_deadline(op, self.timeout), move |d| {
-            d.unlock(pid)
-        })?;
-        DriverApi::code(op, pid, code)
+        let r = self.call(
+            op,
+            pid,
+            op_deadline(op, self.timeout),
+            DriverCall::Unlock(pid),
+        )?;
+        DriverApi::code_of(op, pid, r)
     }
 }
 

@@ -199,6 +199,8 @@ pub enum BackendError {
         #[source]
         source: std::io::Error,
     },
+    #[error("failed to {op} pid {pid} via driver-api: the plugin's helper process, which runs the driver calls, is gone ({why})")]
+    HelperLost { op: Op, pid: Pid, why: String },
     #[error("failed to {op} pid {pid} via {backend}: {what}")]
     Unsupported {
         backend: BackendKind,
@@ -220,6 +222,7 @@ impl BackendError {
             | BackendError::OutputHeld { op, .. }
             | BackendError::BadOutput { op, .. }
             | BackendError::Spawn { op, .. }
+            | BackendError::HelperLost { op, .. }
             | BackendError::Unsupported { op, .. } => *op,
         }
     }
@@ -238,7 +241,8 @@ impl BackendError {
             }
             BackendError::Timeout { .. }
             | BackendError::OutputHeld { .. }
-            | BackendError::BadOutput { .. } => true,
+            | BackendError::BadOutput { .. }
+            | BackendError::HelperLost { .. } => true,
             BackendError::Busy { .. }
             | BackendError::Spawn { .. }
             | BackendError::Unsupported { .. } => false,

@@ -22,7 +22,6 @@
 use crate::backend::Pid;
 use crate::host::{FreezeAlarm, Host, HostError, Level};
 use crate::session::InventoryAnswer;
-use crate::worker::Worker;
 use crate::PLUGIN_NAME;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::fs::File;
@@ -151,6 +150,10 @@ pub fn line(level: u32, msg: &str) -> String {
 /// Logs `msg` as [`line()`] makes it through `print_on_level(level, "%s", …)`, or to stderr when
 /// CRIU's logger is absent (unit tests, other hosts).
 pub fn log(level: u32, msg: &str) {
+    // In the plugin's helper process, CRIU's logger is not ours to call: the line goes to CRIU.
+    if crate::agent::server::forward_log(level, msg) {
+        return;
+    }
     let line = line(level, msg);
     match criu_fn!(c"print_on_level", PrintOnLevelFn) {
         Some(print) => {
@@ -261,6 +264,12 @@ pub fn inventory_consume() -> Result<(), String> {
     } else {
         Err("check_and_remove_inventory_plugin(\"cuda_plugin\") found no entry".into())
     }
+}
+
+/// CRIU's image directory descriptor, when the host has one (for the helper process's log).
+#[must_use]
+pub fn image_dir_fd() -> Option<c_int> {
+    image_dir().ok().filter(|fd| *fd >= 0)
 }
 
 /// The image directory descriptor (`criu_get_image_dir()`).
@@ -449,10 +458,11 @@ pub fn freeze_alarm() -> FreezeAlarm {
     }
 }
 
-/// The [`Host`] backed by CRIU's services; GPU enumeration runs on the session's worker.
+/// The [`Host`] backed by CRIU's services; GPU enumeration and NVML run in the helper process
+/// or on the session's worker ([`crate::agent::Access`]).
 #[derive(Debug)]
 pub struct CriuHost {
-    pub worker: Worker,
+    pub access: crate::agent::Access,
 }
 
 impl Host for CriuHost {
@@ -494,7 +504,7 @@ impl Host for CriuHost {
         &mut self,
         limit: Option<Duration>,
     ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
-        crate::ffi::nvml::snapshot_within(&self.worker, limit)
+        self.access.gpu_memory(limit)
     }
 
     fn memory_available(&self) -> Option<u64> {
@@ -515,13 +525,14 @@ impl Host for CriuHost {
         &mut self,
         limit: Option<std::time::Duration>,
     ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
-        crate::ffi::cuda::enumerate_gpus_within(&self.worker, limit)
+        self.access.current_gpus(limit)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker::Worker;
 
     #[test]
     fn outside_criu_every_service_is_absent_and_degrades() {
@@ -534,7 +545,10 @@ mod tests {
         assert!(matches!(inventory_query(), InventoryAnswer::Unknown(_)));
         assert!(inventory_consume().is_err());
         let mut host = CriuHost {
-            worker: Worker::new(std::sync::Arc::new(|| {})),
+            access: crate::agent::Access {
+                worker: Worker::new(std::sync::Arc::new(|| {})),
+                link: None,
+            },
         };
         assert!(matches!(
             host.add_inventory_entry(),

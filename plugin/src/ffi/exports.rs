@@ -17,8 +17,11 @@
 //! global, reset by every `init` (CRIU's service mode may load the same file again).
 
 use super::{criu, cuda, ptrace};
+use crate::agent::client::{Link, LinkGuard};
+use crate::agent::proto::FinishMode;
+use crate::agent::Access;
 use crate::backend::cli::{probe_cli, CliProbe, ProcessRunner};
-use crate::backend::driver::{probe_driver, DriverProbe};
+use crate::backend::driver::DriverProbe;
 use crate::engine::{Engine, EngineError, Outcome};
 use crate::env::Environment;
 use crate::error::PluginError;
@@ -77,6 +80,7 @@ static OPTION_META: [CrPluginOptionMeta; crate::options::DOCS.len()] = [
     option_meta(4),
     option_meta(5),
     option_meta(6),
+    option_meta(7),
 ];
 
 /// `CR_PLUGIN_OPTIONS_META`: the plugin's options, for tools that list them without calling
@@ -127,6 +131,8 @@ struct Active {
     /// `None` when the plugin is disabled for this operation.
     engine: Option<Engine>,
     started: Instant,
+    /// The helper process, when one runs (see [`crate::agent`]).
+    helper: Option<Arc<Link>>,
 }
 
 static ACTIVE: Mutex<Option<Active>> = Mutex::new(None);
@@ -175,24 +181,70 @@ fn install_panic_hook() {
     });
 }
 
-/// The production [`InitServices`]; every driver call runs on the session's worker.
+/// Whether the helper process may run, and whether it does.
+#[derive(Debug)]
+enum Helper {
+    /// `guardian=off`, or not decided yet.
+    Off,
+    /// Allowed, started on first need (the first driver call, or the end of `init`).
+    Allowed,
+    Running,
+    /// It could not start; driver calls run on threads in CRIU.
+    Failed,
+}
+
+/// The production [`InitServices`]; driver work runs in the helper process when it runs, else
+/// on the session's worker.
 struct RealServices {
-    worker: Worker,
+    access: Access,
+    helper: Helper,
+}
+
+impl RealServices {
+    /// Starts the helper if it may run and does not yet. CRIU is single-threaded here: nothing
+    /// of the plugin's has run on a thread yet (every driver call so far went to the helper, or
+    /// there was none).
+    fn ensure_helper(&mut self) {
+        if !matches!(self.helper, Helper::Allowed) {
+            return;
+        }
+        match crate::agent::spawn(criu::image_dir_fd()) {
+            Ok(link) => {
+                log(
+                    Level::Debug,
+                    &format!("helper process {} started", link.agent_pid()),
+                );
+                self.access.link = Some(Arc::new(link));
+                self.helper = Helper::Running;
+            }
+            Err(e) => {
+                log(
+                    Level::Warn,
+                    &format!(
+                        "{e}: driver calls run on threads inside CRIU (a dump of a tree in its \
+                         own mount namespace may then fail), and nothing guards the tasks \
+                         should CRIU die"
+                    ),
+                );
+                self.helper = Helper::Failed;
+            }
+        }
+    }
 }
 
 impl InitServices for RealServices {
+    fn allow_helper(&mut self, allowed: bool) {
+        self.helper = if allowed {
+            Helper::Allowed
+        } else {
+            Helper::Off
+        };
+    }
+
     fn probe_driver(&mut self, call_init: bool, limit: Option<Duration>) -> DriverProbe {
+        self.ensure_helper();
         // A driver whose cuDriverGetVersion or cuInit hangs must not hang CRIU.
-        match self
-            .worker
-            .call("cuDriverGetVersion/cuInit", limit, move || {
-                probe_driver(cuda::load(), call_init)
-            }) {
-            Ok(p) => p,
-            Err(e) => DriverProbe::Error(format!(
-                "probing libcuda.so.1 (cuDriverGetVersion/cuInit): {e}"
-            )),
-        }
+        self.access.probe(call_init, limit)
     }
     fn probe_cli(
         &mut self,
@@ -219,13 +271,27 @@ impl InitServices for RealServices {
         &mut self,
         limit: Option<Duration>,
     ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
-        cuda::enumerate_gpus_within(&self.worker, limit)
+        self.ensure_helper();
+        self.access.current_gpus(limit)
     }
     fn gpu_memory(
         &mut self,
         limit: Option<Duration>,
     ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
-        super::nvml::snapshot_within(&self.worker, limit)
+        self.ensure_helper();
+        self.access.gpu_memory(limit)
+    }
+}
+
+/// Tells the helper (if one runs) that the plugin's work is over.
+fn finish_helper(helper: Option<&Arc<Link>>, mode: FinishMode) {
+    if let Some(h) = helper {
+        if let Err(e) = h.finish(mode) {
+            log(
+                Level::Warn,
+                &format!("cannot tell the helper process to finish ({e})"),
+            );
+        }
     }
 }
 
@@ -270,7 +336,11 @@ fn init(stage: Stage) -> c_int {
     }
     let worker = Worker::new(Arc::new(super::pin_self));
     let mut services = RealServices {
-        worker: worker.clone(),
+        access: Access {
+            worker: worker.clone(),
+            link: None,
+        },
+        helper: Helper::Off,
     };
     match session::start(&ctx, &mut services) {
         Ok(Start::Disabled { reason, warn }) => {
@@ -278,10 +348,12 @@ fn init(stage: Stage) -> c_int {
                 if warn { Level::Warn } else { Level::Info },
                 &format!("disabled: {reason}"),
             );
+            finish_helper(services.access.link.as_ref(), FinishMode::Done);
             *active() = Some(Active {
                 stage,
                 engine: None,
                 started: Instant::now(),
+                helper: None,
             });
             0
         }
@@ -318,21 +390,67 @@ fn init(stage: Stage) -> c_int {
             if stage == Stage::DUMP && !criu::set_interrupt_only_mode() {
                 log(Level::Warn, "CRIU has no set_compel_interrupt_only_mode; a cgroup freezer would also freeze restore threads");
             }
+            services.ensure_helper();
+            let helper = services.access.link.clone();
+            if let Some(h) = &helper {
+                let config = crate::agent::proto::GuardConfig {
+                    stage: if stage == Stage::DUMP {
+                        crate::agent::proto::GuardStage::Dump
+                    } else {
+                        crate::agent::proto::GuardStage::Restore
+                    },
+                    backend: match &plan.selected {
+                        Selected::Driver { .. } => crate::agent::proto::GuardBackend::DriverApi,
+                        Selected::Cli {
+                            program,
+                            device_map,
+                        } => crate::agent::proto::GuardBackend::Cli {
+                            program: program.clone(),
+                            device_map: *device_map,
+                        },
+                    },
+                    timeout_ms: plan
+                        .cfg
+                        .timeout
+                        .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+                    copy_rate: plan.cfg.copy_rate(),
+                    kill_on_restore_failure: plan.cfg.on_restore_failure
+                        == crate::options::RestoreFailure::Kill,
+                };
+                match h.note(&crate::agent::proto::ToAgent::Configure(config)) {
+                    Ok(()) => log(
+                        Level::Info,
+                        "guardian on: a helper process runs the driver calls and puts the tasks \
+                         back should CRIU die",
+                    ),
+                    Err(e) => log(
+                        Level::Warn,
+                        &format!("cannot configure the helper process ({e}); nothing guards the tasks should CRIU die"),
+                    ),
+                }
+            }
             let backend = session::build_backend(plan.selected, plan.cfg.timeout, worker.clone());
-            let engine = Engine::new(
+            let mut engine = Engine::new(
                 backend,
                 Box::new(ptrace::Ptrace),
-                Box::new(criu::CriuHost { worker }),
+                Box::new(criu::CriuHost {
+                    access: services.access.clone(),
+                }),
                 plan.cfg,
             );
+            if let Some(h) = &helper {
+                engine = engine.with_guard(Box::new(LinkGuard(Arc::clone(h))));
+            }
             *active() = Some(Active {
                 stage,
                 engine: Some(engine),
                 started: Instant::now(),
+                helper,
             });
             0
         }
         Err(e) => {
+            finish_helper(services.access.link.as_ref(), FinishMode::Done);
             log(Level::Error, &format!("init({}) failed: {e}", stage.name()));
             e.to_errno()
         }
@@ -411,6 +529,14 @@ extern "C" fn cuda_plugin_exit(stage: c_int, ret: c_int) {
                     &format!("cuda-checkpoint ran {n} time(s) in this {}", a.stage.name()),
                 );
             }
+            let mode = if a.stage == Stage::DUMP {
+                engine.finish_mode()
+            } else {
+                FinishMode::Done
+            };
+            finish_helper(a.helper.as_ref(), mode);
+        } else {
+            finish_helper(a.helper.as_ref(), FinishMode::Done);
         }
         log(
             Level::Info,

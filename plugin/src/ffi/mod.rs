@@ -3,6 +3,7 @@
 //! | Module | Unsafe operations |
 //! |---|---|
 //! | [`exports`] | `CR_PLUGIN_DESC`, the `.init_array` constructor that clamps `max_hooks`, and the `extern "C"` entry points, each under one panic guard |
+//! | [`agent`] | the helper process's channel (`SOCK_SEQPACKET` pair), its double fork into a session of its own with only its descriptors, CRIU's pidfd, syslog |
 //! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (`print_on_level`, the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |
 //! | [`cuda`] | `libcuda.so.1` opened with libloading, and the driver calls |
 //! | [`nvml`] | `libnvidia-ml.so.1` opened with libloading: GPU memory and its processes |
@@ -12,6 +13,7 @@
 //! Each `unsafe` block carries a `// SAFETY:` comment. The rest of the crate is
 //! `#![deny(unsafe_code)]` and reaches these operations only through safe functions.
 
+pub mod agent;
 pub mod criu;
 pub mod cuda;
 pub mod exports;

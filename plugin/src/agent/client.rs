@@ -1,0 +1,354 @@
+//! CRIU's side of the helper process: [`Link`] sends calls and notes and waits for answers on
+//! the calling thread, with deadlines, so CRIU never gets a thread of the plugin's.
+
+use super::proto::{self, Call, FinishMode, FromAgent, Reply, ToAgent};
+use crate::backend::driver::{DriverCall, DriverExec, DriverReply};
+use crate::backend::Pid;
+use crate::ffi::agent::{poll, Channel};
+use crate::worker::CallError;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long CRIU waits for a new helper to say it runs.
+pub const HELLO_LIMIT: Duration = Duration::from_secs(5);
+/// How long a note (which has no answer) may wait for room in the channel.
+const NOTE_LIMIT: Duration = Duration::from_secs(1);
+
+/// A request in flight.
+pub type Ticket = u64;
+
+#[derive(Debug)]
+struct State {
+    chan: Channel,
+    agent: Pid,
+    next: Ticket,
+    /// Calls sent and still to be waited for.
+    pending: BTreeSet<Ticket>,
+    /// Answers of pending calls that came in while another was waited for.
+    replies: BTreeMap<Ticket, Reply>,
+    /// Calls abandoned on timeout whose answer has not come, with what they were.
+    abandoned: BTreeMap<Ticket, String>,
+    /// Why the helper is gone, once it is.
+    gone: Option<String>,
+    /// Notes that could not be sent (the guardian then knows less; logged once).
+    lost_notes: usize,
+    buf: Vec<u8>,
+}
+
+impl State {
+    /// Reads every queued message; with `wait`, first waits up to that long for one.
+    fn pump(&mut self, wait: Option<Duration>) {
+        if self.gone.is_some() {
+            return;
+        }
+        if let Some(w) = wait {
+            if let Err(e) = poll(&[(self.chan.fd(), libc::POLLIN)], Some(w)) {
+                self.gone = Some(format!("cannot wait for it: {e}"));
+                return;
+            }
+        }
+        loop {
+            let mut buf = std::mem::take(&mut self.buf);
+            let got = self.chan.try_recv(&mut buf);
+            let msg = match got {
+                Ok(None) => {
+                    self.buf = buf;
+                    return;
+                }
+                Ok(Some(())) => proto::decode::<FromAgent>(&buf),
+                Err(e) => {
+                    self.buf = buf;
+                    self.gone = Some(match e.kind() {
+                        io::ErrorKind::UnexpectedEof => "it exited".to_owned(),
+                        _ => e.to_string(),
+                    });
+                    return;
+                }
+            };
+            self.buf = buf;
+            match msg {
+                Ok(FromAgent::Reply { id, reply }) => {
+                    if self.pending.contains(&id) {
+                        self.replies.insert(id, reply);
+                    } else {
+                        // The late answer of an abandoned call (or of one given up on).
+                        self.abandoned.remove(&id);
+                    }
+                }
+                Ok(FromAgent::Hello { pid }) => self.agent = pid,
+                Ok(FromAgent::Log { level, msg }) => crate::ffi::criu::log(level, &msg),
+                Err(e) => {
+                    self.gone = Some(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, msg: &ToAgent, limit: Duration) -> Result<(), String> {
+        if let Some(g) = &self.gone {
+            return Err(g.clone());
+        }
+        self.chan
+            .send(&proto::encode(msg), limit)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                    "it exited".to_owned()
+                }
+                _ => e.to_string(),
+            })
+    }
+}
+
+/// How long [`Link::finish`] waits for the helper to exit.
+pub const FINISH_LIMIT: Duration = Duration::from_secs(2);
+
+/// The plugin's end of the channel to its helper process.
+#[derive(Debug)]
+pub struct Link {
+    state: Mutex<State>,
+}
+
+impl Link {
+    /// Wraps CRIU's end of a channel whose other end a new helper holds, and waits (at most
+    /// `limit`) for the helper's hello.
+    pub fn connect(chan: Channel, limit: Duration) -> Result<Link, String> {
+        let mut st = State {
+            chan,
+            agent: 0,
+            next: 1,
+            pending: BTreeSet::new(),
+            replies: BTreeMap::new(),
+            abandoned: BTreeMap::new(),
+            gone: None,
+            lost_notes: 0,
+            buf: Vec::new(),
+        };
+        let deadline = Instant::now() + limit;
+        while st.agent == 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Some(g) = &st.gone {
+                return Err(format!("the helper process failed to start: {g}"));
+            }
+            if left.is_zero() {
+                return Err(format!("the helper process did not start within {limit:?}"));
+            }
+            st.pump(Some(left));
+        }
+        Ok(Link {
+            state: Mutex::new(st),
+        })
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The helper's pid.
+    #[must_use]
+    pub fn agent_pid(&self) -> Pid {
+        self.st().agent
+    }
+
+    /// Why the helper is gone, if it is.
+    #[must_use]
+    pub fn gone(&self) -> Option<String> {
+        let mut st = self.st();
+        st.pump(None);
+        st.gone.clone()
+    }
+
+    /// Sends `call` without waiting for its answer; refused while an abandoned call is blocked.
+    pub fn submit(&self, call: Call, deadline: Option<Duration>) -> Result<Ticket, CallError> {
+        let mut st = self.st();
+        st.pump(None);
+        if let Some(blocked) = st.abandoned.values().next() {
+            return Err(CallError::Busy {
+                blocked: blocked.clone(),
+            });
+        }
+        let id = st.next;
+        st.next += 1;
+        let msg = ToAgent::Call {
+            id,
+            deadline_ms: deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            call,
+        };
+        st.send(&msg, NOTE_LIMIT).map_err(CallError::Lost)?;
+        st.pending.insert(id);
+        Ok(id)
+    }
+
+    /// Waits at most `deadline` (`None`: until it comes) for the answer to `id`. On timeout the
+    /// call is abandoned: further calls are refused until its answer comes or [`Link::settle`]
+    /// gives up on it.
+    pub fn wait(
+        &self,
+        id: Ticket,
+        what: &str,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, CallError> {
+        let started = Instant::now();
+        let mut st = self.st();
+        loop {
+            if let Some(r) = st.replies.remove(&id) {
+                st.pending.remove(&id);
+                return match r {
+                    Reply::Panicked => Err(CallError::Panicked),
+                    r => Ok(r),
+                };
+            }
+            if let Some(g) = st.gone.clone() {
+                st.pending.remove(&id);
+                return Err(CallError::Lost(g));
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let left = d.saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        st.pending.remove(&id);
+                        st.abandoned.insert(id, what.to_owned());
+                        // Should it still land, the helper undoes it (see ToAgent::Abandon).
+                        if st.send(&ToAgent::Abandon { id }, NOTE_LIMIT).is_err() {
+                            st.lost_notes += 1;
+                        }
+                        return Err(CallError::TimedOut { after: d });
+                    }
+                    Some(left)
+                }
+                None => None,
+            };
+            st.pump(Some(left.unwrap_or(Duration::from_secs(3600))));
+        }
+    }
+
+    /// Sends `call` and waits for its answer (see [`Link::submit`], [`Link::wait`]).
+    pub fn call(
+        &self,
+        what: &str,
+        call: Call,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, CallError> {
+        let id = self.submit(call, deadline)?;
+        self.wait(id, what, deadline)
+    }
+
+    /// Sends a note (no answer). A note that cannot be sent is counted, and the count is in
+    /// the error.
+    pub fn note(&self, msg: &ToAgent) -> Result<(), String> {
+        let mut st = self.st();
+        st.pump(None);
+        let r = st.send(msg, NOTE_LIMIT);
+        if r.is_err() {
+            st.lost_notes += 1;
+        }
+        r
+    }
+
+    /// The plugin's last word: the helper exits (or, with [`FinishMode::WatchTasks`], watches
+    /// the tasks until CRIU has exited).
+    ///
+    /// With [`FinishMode::Done`] it waits, at most [`FINISH_LIMIT`], for the helper to exit
+    /// (its end of the channel closes), so that CRIU does not return with the helper still
+    /// running; a call still blocked in the driver does not hold the helper up.
+    pub fn finish(&self, mode: FinishMode) -> Result<(), String> {
+        self.note(&ToAgent::Finish(mode))?;
+        if mode != FinishMode::Done {
+            return Ok(());
+        }
+        let deadline = Instant::now() + FINISH_LIMIT;
+        let mut st = self.st();
+        loop {
+            st.pump(None);
+            if st.gone.is_some() {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the helper process did not exit within {FINISH_LIMIT:?} of being told to"
+                ));
+            }
+            st.pump(Some(left));
+        }
+    }
+}
+
+impl DriverExec for Link {
+    fn exec(
+        &self,
+        what: &str,
+        call: DriverCall,
+        deadline: Option<Duration>,
+    ) -> Result<DriverReply, CallError> {
+        match self.call(what, Call::Driver(call), deadline)? {
+            Reply::Driver(r) => Ok(r),
+            other => Err(CallError::Lost(format!(
+                "it answered {other:?} to a driver call"
+            ))),
+        }
+    }
+
+    fn blocked(&self) -> Option<String> {
+        let mut st = self.st();
+        st.pump(None);
+        st.abandoned.values().next().cloned()
+    }
+
+    fn settle(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut st = self.st();
+        loop {
+            st.pump(None);
+            if st.abandoned.is_empty() {
+                return true;
+            }
+            if st.gone.is_some() {
+                st.abandoned.clear();
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                // Stop waiting: later calls are no longer refused because of them; their late
+                // answers are dropped when they come.
+                st.abandoned.clear();
+                return false;
+            }
+            st.pump(Some(left));
+        }
+    }
+}
+
+/// The engine's notes reach the guardian through the link.
+#[derive(Debug)]
+pub struct LinkGuard(pub std::sync::Arc<Link>);
+
+impl crate::engine::Guard for LinkGuard {
+    fn track(
+        &self,
+        pid: Pid,
+        target: abi::CUprocessState,
+        bytes: Option<u64>,
+        pairs: &[crate::backend::GpuPair],
+    ) -> Result<(), String> {
+        self.0.note(&ToAgent::Track(proto::Tracked {
+            pid,
+            target: target.0,
+            bytes,
+            pairs: pairs.iter().map(|(a, b)| (a.0, b.0)).collect(),
+        }))
+    }
+
+    fn intent(&self, pid: Pid, op: crate::backend::Op) -> Result<(), String> {
+        self.0.note(&ToAgent::Intent {
+            pid,
+            op: op.to_string(),
+        })
+    }
+
+    fn untrack(&self, pid: Pid) -> Result<(), String> {
+        self.0.note(&ToAgent::Untrack { pid })
+    }
+}

@@ -1,0 +1,277 @@
+//! The helper's side: answer calls (each on a thread of its own), keep the guardian's ledger,
+//! and notice CRIU's end.
+
+use super::guardian::{self, Ledger};
+use super::proto::{self, Call, FinishMode, FromAgent, ProbeReply, Reply, ToAgent, WireGpu};
+use crate::backend::driver::{
+    probe_driver, CudaDriver, DriverCall, DriverProbe, DriverReply, LoadError,
+};
+use crate::backend::Pid;
+use crate::ffi::agent::{poll, Channel};
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long the helper waits for room in CRIU's queue before dropping an answer (CRIU then
+/// times the call out).
+const REPLY_LIMIT: Duration = Duration::from_secs(5);
+
+/// The helper's channel, once it runs: log lines of code running in the helper go to CRIU's log
+/// through it (see [`forward_log`]).
+static SINK: OnceLock<Arc<Channel>> = OnceLock::new();
+
+/// In the helper process: sends a log line to CRIU, which logs it as its own. Returns false
+/// outside the helper (the caller logs directly).
+pub fn forward_log(level: u32, msg: &str) -> bool {
+    let Some(chan) = SINK.get() else {
+        return false;
+    };
+    let _ = chan.send(
+        &proto::encode(&FromAgent::Log {
+            level,
+            msg: msg.to_owned(),
+        }),
+        REPLY_LIMIT,
+    );
+    true
+}
+
+/// Calls in flight: id → the moment CRIU stops waiting for it.
+pub type InFlight = Arc<Mutex<BTreeMap<u64, Option<Instant>>>>;
+
+/// The driver library, loaded once by the first call that needs it.
+pub type Driver = Arc<OnceLock<Result<Arc<dyn CudaDriver>, LoadError>>>;
+
+/// Calls in flight that CRIU stopped waiting for ([`ToAgent::Abandon`]).
+type GivenUp = Arc<Mutex<BTreeSet<u64>>>;
+
+/// How long the helper, told to finish, still waits for calls in flight (to undo one that CRIU
+/// gave up on and that lands late) before it exits.
+const LATE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The helper's main loop; returns its exit status.
+pub fn serve(
+    chan: Channel,
+    criu: Option<OwnedFd>,
+    image_dir: Option<OwnedFd>,
+    criu_pid: Pid,
+) -> i32 {
+    let chan = Arc::new(chan);
+    let _ = SINK.set(Arc::clone(&chan));
+    let me = Pid::try_from(std::process::id()).unwrap_or(0);
+    if chan
+        .send(&proto::encode(&FromAgent::Hello { pid: me }), REPLY_LIMIT)
+        .is_err()
+    {
+        return 1;
+    }
+    let inflight: InFlight = Arc::default();
+    let given_up: GivenUp = Arc::default();
+    let driver: Driver = Arc::default();
+    let mut ledger = Ledger::default();
+    let mut finish = None;
+    let mut buf = Vec::new();
+    loop {
+        let mut fds = vec![(chan.fd(), libc::POLLIN)];
+        if let Some(p) = &criu {
+            fds.push((p.as_fd(), libc::POLLIN));
+        }
+        let ready = match poll(&fds, None) {
+            Ok(r) => r,
+            Err(_) => break,
+        };
+        let mut closed = false;
+        loop {
+            match chan.try_recv(&mut buf) {
+                Ok(Some(())) => match proto::decode::<ToAgent>(&buf) {
+                    Ok(ToAgent::Call {
+                        id,
+                        deadline_ms,
+                        call,
+                    }) => start_call(&chan, &inflight, &given_up, &driver, id, deadline_ms, call),
+                    Ok(ToAgent::Abandon { id }) => {
+                        if lock(&inflight).contains_key(&id) {
+                            lock(&given_up).insert(id);
+                        }
+                    }
+                    Ok(ToAgent::Finish(FinishMode::Done)) => {
+                        return finish_late_calls(&chan, &inflight);
+                    }
+                    Ok(ToAgent::Finish(mode)) => finish = Some(mode),
+                    Ok(note) => ledger.apply(note),
+                    Err(e) => ledger.note_error(e),
+                },
+                Ok(None) => break,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let criu_exited = ready.get(1).is_some_and(|r| *r != 0);
+        if closed || criu_exited {
+            break;
+        }
+    }
+    guardian::after_criu(guardian::Ending {
+        ledger,
+        finish,
+        inflight,
+        driver,
+        image_dir,
+        criu_pid,
+        criu_pidfd: criu,
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Told to finish with calls still in flight: closes the channel (CRIU's `exit` returns), waits
+/// at most [`LATE_LIMIT`] for them (so that one CRIU gave up on and that lands late is undone),
+/// then exits.
+fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
+    if lock(inflight).is_empty() {
+        return 0;
+    }
+    chan.shutdown();
+    let end = Instant::now() + LATE_LIMIT;
+    while !lock(inflight).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    0
+}
+
+/// A lock or a checkpoint that succeeded after CRIU gave up on it: CRIU counted it as failed
+/// and its rollback may have seen the task before it landed, so it is undone here.
+fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply) {
+    let (Call::Driver(c), Reply::Driver(DriverReply::Code(0))) = (call, reply) else {
+        return;
+    };
+    let Ok(d) = loaded(driver) else {
+        return;
+    };
+    let (pid, undo) = match c {
+        DriverCall::Lock { pid, .. } => (*pid, vec![DriverCall::Unlock(*pid)]),
+        DriverCall::Checkpoint(pid) => (
+            *pid,
+            vec![
+                DriverCall::Restore {
+                    pid: *pid,
+                    pairs: Vec::new(),
+                },
+                DriverCall::Unlock(*pid),
+            ],
+        ),
+        _ => return,
+    };
+    let what = match c {
+        DriverCall::Lock { .. } => "lock",
+        _ => "checkpoint",
+    };
+    let mut done = Vec::new();
+    for u in undo {
+        let r = u.apply(&*d);
+        let name = match u {
+            DriverCall::Unlock(_) => "unlocked",
+            _ => "restored",
+        };
+        if r != DriverReply::Code(0) {
+            let msg = format!(
+                "pid {pid}: the {what} CRIU gave up on landed late; undoing it failed ({r:?} after {})",
+                if done.is_empty() { "nothing".to_owned() } else { done.join(", ") }
+            );
+            // CRIU may have exited already: syslog keeps it too.
+            forward_log(crate::host::Level::Error.criu(), &msg);
+            crate::ffi::agent::syslog(true, &msg);
+            return;
+        }
+        done.push(name);
+    }
+    let msg = format!(
+        "pid {pid}: the {what} CRIU gave up on landed late; the helper undid it ({})",
+        done.join(", ")
+    );
+    forward_log(crate::host::Level::Info.criu(), &msg);
+    crate::ffi::agent::syslog(false, &msg);
+}
+
+fn start_call(
+    chan: &Arc<Channel>,
+    inflight: &InFlight,
+    given_up: &GivenUp,
+    driver: &Driver,
+    id: u64,
+    deadline_ms: Option<u64>,
+    call: Call,
+) {
+    let until = deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    lock(inflight).insert(id, until);
+    let (chan, inflight, given_up, driver) = (
+        Arc::clone(chan),
+        Arc::clone(inflight),
+        Arc::clone(given_up),
+        Arc::clone(driver),
+    );
+    let work = move || {
+        let reply =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&driver, call.clone())))
+                .unwrap_or(Reply::Panicked);
+        if lock(&given_up).remove(&id) {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                undo_late_success(&driver, &call, &reply);
+            }));
+        }
+        let _ = chan.send(&proto::encode(&FromAgent::Reply { id, reply }), REPLY_LIMIT);
+        lock(&inflight).remove(&id);
+    };
+    // A thread per call: a call blocked in the driver never holds up another. Should no thread
+    // start, the call runs here (CRIU's deadline still bounds its wait).
+    let work = std::sync::Arc::new(Mutex::new(Some(work)));
+    let w2 = Arc::clone(&work);
+    let spawned = std::thread::Builder::new()
+        .name("cuda-guardian-call".into())
+        .spawn(move || {
+            if let Some(f) = w2.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                f();
+            }
+        });
+    if spawned.is_err() {
+        if let Some(f) = work.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            f();
+        }
+    }
+}
+
+/// The library, loaded on first use.
+pub fn loaded(driver: &Driver) -> Result<Arc<dyn CudaDriver>, LoadError> {
+    driver.get_or_init(crate::ffi::cuda::load).clone()
+}
+
+fn run(driver: &Driver, call: Call) -> Reply {
+    match call {
+        Call::Probe { call_init } => Reply::Probe(match probe_driver(loaded(driver), call_init) {
+            DriverProbe::Supported { version, init, .. } => ProbeReply::Supported {
+                version,
+                init: init.map(|c| c.0),
+            },
+            DriverProbe::Unsupported(why) => ProbeReply::Unsupported(why),
+            DriverProbe::Error(why) => ProbeReply::Error(why),
+        }),
+        Call::Driver(c) => Reply::Driver(match loaded(driver) {
+            Ok(d) => c.apply(&*d),
+            // Unreachable after a successful probe; reads as "no CUDA here".
+            Err(_) => DriverReply::Code(abi::CUresult::ERROR_NOT_INITIALIZED.0),
+        }),
+        Call::Gpus => Reply::Gpus(
+            crate::ffi::cuda::enumerate_gpus().map(|g| g.iter().map(WireGpu::from).collect()),
+        ),
+        Call::Nvml => Reply::Nvml(
+            crate::ffi::nvml::snapshot()
+                .map(|s| proto::WireSnapshot::from(&s))
+                .map_err(|e| e.to_string()),
+        ),
+    }
+}
