@@ -495,6 +495,23 @@ impl Frozen {
                 }
             }
         }
+        if mode == Release::Stop {
+            // The stand-in for CRIU's killed tree: it is parked when the engine returns, as a
+            // real CRIU's tree is dead (a guardian watching the tree after the engine exits
+            // must not find it running in the moment before the SIGSTOP lands).
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            for task in &self.tasks {
+                if task.zombie || task.threads.is_empty() {
+                    continue;
+                }
+                while !crate::procfs::parked(task.pid)
+                    && !matches!(crate::procfs::state(task.pid), 'Z' | 'X' | '?')
+                    && std::time::Instant::now() < end
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
     }
 }
 

@@ -1249,6 +1249,18 @@ impl Exec<'_> {
             self.follow_restored_tree(&self.dir.join(format!("step{i}.pid")))?;
         }
         let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        // The plugin's helper process runs its driver calls: name it in the driver's trace.
+        // It outlives CRIU by design (it puts back the tasks of a CRIU that died, or that
+        // resumed them checkpointed): the step ends when it has exited too.
+        for l in log_text.lines() {
+            if let Some(rest) = l.split("helper process ").nth(1) {
+                if let Some(pid) = rest.strip_suffix(" started").and_then(|p| p.parse().ok()) {
+                    self.procs.insert(pid, "guardian");
+                    wait_gone(pid, GUARDIAN_LIMIT)
+                        .map_err(|e| format!("step {i} ({verb}): the plugin's guardian {e}"))?;
+                }
+            }
+        }
         // The engine's trace and the driver's trace of this step.
         let _ = writeln!(
             self.transcript,
@@ -1556,13 +1568,15 @@ impl Exec<'_> {
                 // Whole milliseconds (what is left of CRIU's freeze alarm, say): timing.
                 out.push('N');
                 i = j;
-            } else if let (true, Ok(ms)) = (lock_timeout, num.parse::<u64>()) {
-                // A lock timeout the freeze alarm shortened depends on timing: keep the
-                // configured ones, round the rest.
+            } else if let (true, None | Some(&"ms" | &" ms"), Ok(ms)) =
+                (lock_timeout, unit, num.parse::<u64>())
+            {
+                // A lock timeout the freeze alarm shortened depends on timing (how long the
+                // freeze and the earlier locks took): keep the configured ones, name the rest.
                 if self.lock_timeouts.contains(&ms) {
                     out.push_str(&num);
                 } else {
-                    out.push_str(&format!("~{}s", (ms + 500) / 1000));
+                    out.push_str("<alarm>");
                 }
                 i = j;
             } else if value {
@@ -1574,8 +1588,9 @@ impl Exec<'_> {
             } else if !glued && self.cli_pids.contains(&num.parse().unwrap_or(-1)) {
                 out.push_str("cuda-checkpoint");
                 i = j;
-            } else if !glued && self.procs.contains_key(&num.parse().unwrap_or(-1)) {
-                out.push_str("criu");
+            } else if let (false, Some(label)) = (glued, self.procs.get(&num.parse().unwrap_or(-1)))
+            {
+                out.push_str(label);
                 i = j;
             } else {
                 out.push_str(&chars[i..k].iter().collect::<String>());
@@ -2253,6 +2268,37 @@ fn print_row(r: &Row) {
         "{:<64} {host:<16} {backend:<16} {result:<7} {time:>6.1}s",
         r.name
     );
+}
+
+/// How long the plugin's guardian may outlive the CRIU run that started it: its own bound on
+/// watching CRIU (60 s) and on putting a task back, with room to spare.
+const GUARDIAN_LIMIT: Duration = Duration::from_secs(90);
+
+/// Waits until the guardian `pid` has exited (gone, a zombie nobody reaped yet, or its pid
+/// taken by a process of another name), for at most `limit`.
+fn wait_gone(pid: i32, limit: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = s.rsplit_once(')')?.1.trim_start().to_owned();
+                rest.chars().next()
+            });
+        // A pid taken again by another process: the guardian (named so) is gone.
+        let ours = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim_end() == "cuda-guardian");
+        if !ours || matches!(state, None | Some('Z' | 'X')) {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(format!(
+                "{pid} still runs {} s after the step ended",
+                limit.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[cfg(test)]
