@@ -8,6 +8,7 @@
 //! | `checkpoint-fails` | the 2nd CUDA task's checkpoint fails: the dump fails, the 1st task is restored and unlocked |
 //! | `lock-timeout` | the 2nd CUDA task's lock takes longer than `cuda_plugin.timeout=1` (+ the lock grace): the dump fails, nothing stays locked, also after the late call would have finished |
 //! | `checkpoint-hang` | the 2nd CUDA task's checkpoint never returns (`timeout=1`): the dump fails, the call is abandoned (driver API) or the utility killed, and every task is still put back running |
+//! | `criu-killed-at-lock`, `criu-killed-at-checkpoint` | CRIU is SIGKILLed mid-dump (after the 1st CUDA task's PAUSE_DEVICES or CHECKPOINT_DEVICES, the 2nd task's call delayed 2 s and in flight): the plugin's guardian puts every CUDA task back (restored, unlocked), the tree runs with its data intact, no guardian is left and its log (`cuda-plugin-guardian.log` in the image directory) names every task it put back |
 //! | `leave-running` | `--leave-running`: the tree keeps running unlocked; a second (normal) dump of it restores |
 //! | `exec-counts-nN` | N CUDA tasks dump and restore; the `cuda-checkpoint` runs (from the world's trace) are at most 4N+1 per dump and 2N+1 per restore; per-task hook times are printed |
 //! | the cases of [`holes`] | the rollback holes: CRIU's freeze alarm, someone else's lock, failed restores, bad task images, long messages, the utility's output pipe and life, `CUDA_VISIBLE_DEVICES` |
@@ -383,6 +384,25 @@ impl Case {
     fn teardown(&mut self) -> R {
         let marker = self.marker();
         reap();
+        // The plugin's guardian outlives CRIU by design (it watches a dump's tasks until CRIU
+        // has exited, then puts back any left checkpointed); it must end on its own, bounded.
+        let guardians = || -> Vec<i32> {
+            processes_with_env(&marker)
+                .into_iter()
+                .filter(|&p| {
+                    read(Path::new(&format!("/proc/{p}/comm"))).trim_end() == "cuda-guardian"
+                })
+                .collect()
+        };
+        let ended = wait_until(Duration::from_secs(90), || {
+            reap();
+            guardians().is_empty()
+        });
+        ensure!(
+            ended,
+            "the plugin's guardian still runs 90 s after CRIU: {:?}",
+            guardians()
+        );
         let strays: Vec<i32> = processes_with_env(&marker)
             .into_iter()
             .filter(|p| !self.pids.contains(p))
@@ -676,6 +696,118 @@ impl Failure {
     }
 }
 
+/// Where a `criu-killed-*` case kills CRIU (SIGKILL, the stand-in for the OOM killer, a
+/// node drain or CRIU's own `BUG()`).
+#[derive(Debug, Clone, Copy)]
+enum KillAt {
+    /// During the dump's freeze, after the 1st CUDA task is locked, while the 2nd task's lock
+    /// (delayed) is in flight.
+    Lock,
+    /// During the dump, after the 1st CUDA task is checkpointed, while the 2nd task's
+    /// checkpoint (delayed) is in flight.
+    Checkpoint,
+}
+
+/// How long the 2nd task's call is delayed: CRIU is killed within it.
+const KILL_DELAY_MS: u64 = 2000;
+
+impl KillAt {
+    fn name(self) -> &'static str {
+        match self {
+            KillAt::Lock => "criu-killed-at-lock",
+            KillAt::Checkpoint => "criu-killed-at-checkpoint",
+        }
+    }
+
+    fn fault(self, backend: &str) -> String {
+        let cli = backend == "cuda-checkpoint";
+        let function = match (self, cli) {
+            (KillAt::Lock, true) => "cuda-checkpoint:lock",
+            (KillAt::Lock, false) => "cuCheckpointProcessLock",
+            (KillAt::Checkpoint, true) => "cuda-checkpoint:checkpoint",
+            (KillAt::Checkpoint, false) => "cuCheckpointProcessCheckpoint",
+        };
+        fault(
+            function,
+            2,
+            &format!(r#"{{ kind = "delay", ms = {KILL_DELAY_MS} }}"#),
+        )
+    }
+}
+
+/// Runs CRIU with `args` and SIGKILLs it once its log shows `marker`; returns the log.
+fn kill_criu_at(c: &Case, args: &[&str], log: &str, marker: &str) -> R<String> {
+    let log_path = c.path.join(log);
+    let mut child = c.criu_spawn(args, log)?;
+    let mut exited = None;
+    let seen = wait_until(Duration::from_secs(60), || {
+        if read(&log_path).contains(marker) {
+            return true;
+        }
+        exited = child.try_wait().ok().flatten();
+        exited.is_some()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    reap();
+    let text = read(&log_path);
+    ensure!(
+        seen && exited.is_none(),
+        "criu {args:?} never reached `{marker}` (exit: {exited:?}); log tail:\n{}",
+        tail(&text, 25)
+    );
+    Ok(text)
+}
+
+/// Waits for the plugin's guardian processes of this case to exit (at most 90 s).
+fn wait_guardians(c: &Case) -> R {
+    let marker = c.marker();
+    let left = || -> Vec<i32> {
+        processes_with_env(&marker)
+            .into_iter()
+            .filter(|&p| read(Path::new(&format!("/proc/{p}/comm"))).trim_end() == "cuda-guardian")
+            .collect()
+    };
+    let done = wait_until(Duration::from_secs(90), || {
+        reap();
+        left().is_empty()
+    });
+    ensure!(
+        done,
+        "the plugin's guardian still runs 90 s after CRIU died: {:?}",
+        left()
+    );
+    Ok(())
+}
+
+/// CRIU killed mid-dump: the plugin's guardian puts every CUDA task back (restored and
+/// unlocked, running as before, data intact), and its log in the image directory says what it
+/// did.
+fn criu_killed(c: &mut Case, at: KillAt) -> R {
+    spawn_tree3(c)?;
+    let first = c.cuda[0];
+    let d = c.images("img")?;
+    let root = c.pids[0].to_string();
+    let marker = match at {
+        KillAt::Lock => format!("PAUSE_DEVICES pid {first}: done"),
+        KillAt::Checkpoint => format!("CHECKPOINT_DEVICES pid {first}: done"),
+    };
+    kill_criu_at(c, &["dump", "-t", &root, "-D", &d], "img-dump.log", &marker)?;
+    wait_guardians(c)?;
+    c.check_running()?;
+    c.verify_data()?;
+    let glog = read(&Path::new(&d).join("cuda-plugin-guardian.log"));
+    let acted = glog.contains("ended during the dump without the plugin's final word")
+        && glog.contains(&format!("pid {first}: back to running"))
+        && !glog.contains("failed");
+    ensure!(
+        acted,
+        "the guardian's log does not say it put pid {first} back, or reports a failure:\n{glog}"
+    );
+    println!("    guardian log:\n{}", glog.trim_end());
+    c.teardown()
+}
+
 fn dump_fails(c: &mut Case, f: Failure) -> R {
     spawn_tree3(c)?;
     let second = c.second_cuda()?;
@@ -874,6 +1006,14 @@ fn trials(criu_list: &[Criu]) -> Vec<Trial> {
                     run_case(cr, backend, f.name().into(), faults, opts, |c| {
                         dump_fails(c, f)
                     })
+                }));
+            }
+            for at in [KillAt::Lock, KillAt::Checkpoint] {
+                let cr = criu.clone();
+                let case = at.name();
+                let faults = at.fault(backend);
+                out.push(Trial::test(name(case), move || {
+                    run_case(cr, backend, case.into(), faults, "", |c| criu_killed(c, at))
                 }));
             }
             let cr = criu.clone();
