@@ -281,6 +281,9 @@ pub struct Engine {
     finish: Finish,
     /// Restore: the tasks RESUME_DEVICES_LATE handled (or tried to).
     resumed: BTreeSet<Pid>,
+    /// The tasks' image pids, by host pid, once the first image is written (see
+    /// [`Engine::image_keys`]).
+    image_keys: Option<BTreeMap<Pid, Pid>>,
     /// Dump: sizes.
     sizes: Sizes,
     /// Time spent in the backend and in restore-thread control (see [`Engine::take_spent`]).
@@ -354,6 +357,7 @@ impl Engine {
             inventory_added: false,
             finish: Finish::Pending,
             resumed: BTreeSet::new(),
+            image_keys: None,
             sizes: Sizes::default(),
             spent,
             guard: None,
@@ -748,21 +752,27 @@ impl Engine {
             done.map_err(|cause| EngineError::Backend { step, pid, cause })?;
             stopped.map_err(|cause| EngineError::Thread { step, pid, cause })?;
         }
+        let key = self.image_keys().get(&pid).copied().unwrap_or(pid);
         let image = TaskImage {
-            pid,
+            pid: key,
             restore_tid: rec.restore_tid,
             initial_state: rec.initial,
             gpu_bytes,
             checkpoint_ms,
         };
         self.host
-            .write_task_image(pid, &image.encode())
+            .write_task_image(key, &image.encode())
             .map_err(|cause| EngineError::ImageIo { step, pid, cause })?;
         if !self.inventory_added {
             // With the first checkpointed task: PAUSE_DEVICES has seen the whole tree by now, so
             // the task list names every CUDA task this dump holds.
+            let keys = self.image_keys();
             let list = crate::image::TaskList {
-                pids: self.tasks.iter().map(|t| t.pid).collect(),
+                pids: self
+                    .tasks
+                    .iter()
+                    .map(|t| keys.get(&t.pid).copied().unwrap_or(t.pid))
+                    .collect(),
             };
             self.host
                 .write_task_list(&list.encode())
@@ -973,7 +983,8 @@ impl Engine {
     /// per [`EngineConfig::on_restore_failure`].
     pub fn resume_devices_late(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         self.track_restore_tree(pid);
-        self.resumed.insert(pid);
+        let key = self.image_pid(pid);
+        self.resumed.insert(key);
         let r = self.resume_task(pid);
         if let Err(e) = &r {
             self.after_failed_restore(pid, e);
@@ -1031,32 +1042,68 @@ impl Engine {
         };
         let tree = self.host.tree(root);
         let pairs = self.cfg.pairs.clone();
-        let tasks: Vec<(Pid, CUprocessState, Option<u64>)> = list
+        // The list is keyed by pid in the tree's own pid namespace; the guardian needs host pids.
+        let tasks: Vec<(Pid, CUprocessState, Option<u64>)> = tree
             .iter()
-            .filter(|(p, img)| {
-                tree.contains(p) && img.initial_state != CUprocessState::CHECKPOINTED
+            .filter_map(|&p| {
+                let key = self.threads.ns_pid(p).unwrap_or(p);
+                let img = list.get(&key)?;
+                (img.initial_state != CUprocessState::CHECKPOINTED)
+                    .then(|| (p, img.initial_state, img.total_bytes()))
             })
-            .map(|(p, img)| (*p, img.initial_state, img.total_bytes()))
             .collect();
         for (p, initial, bytes) in tasks {
             self.guard_note(|g| g.track(p, initial, bytes, &pairs));
         }
     }
 
+    /// The pid the images name `pid` by: its pid in its own pid namespace (what a restore into
+    /// a new pid namespace keeps), else the pid itself.
+    fn image_pid(&self, pid: Pid) -> Pid {
+        self.threads.ns_pid(pid).unwrap_or(pid)
+    }
+
+    /// The image pid of every CUDA task of the dump (see [`Engine::image_pid`]), by host pid. Two
+    /// tasks with the same pid in their own namespaces (nested pid namespaces) cannot be told
+    /// apart that way: then the images use host pids, and say so once.
+    fn image_keys(&mut self) -> BTreeMap<Pid, Pid> {
+        if let Some(k) = &self.image_keys {
+            return k.clone();
+        }
+        let mut keys: BTreeMap<Pid, Pid> = self
+            .tasks
+            .iter()
+            .map(|t| (t.pid, self.image_pid(t.pid)))
+            .collect();
+        let distinct: std::collections::BTreeSet<Pid> = keys.values().copied().collect();
+        if distinct.len() != keys.len() {
+            self.log(
+                Level::Warn,
+                "two CUDA tasks of the tree have the same pid in their own pid namespaces (nested \
+                 pid namespaces): the images name the tasks by host pid, so a restore that \
+                 changes their host pids cannot find their GPU state",
+            );
+            keys = keys.keys().map(|&p| (p, p)).collect();
+        }
+        self.image_keys = Some(keys.clone());
+        keys
+    }
+
     /// What the dump recorded about `pid`: its restore thread and its initial state, or `None`
     /// when it had no CUDA state.
     fn dump_record(&mut self, pid: Pid) -> Result<Option<TaskImage>, EngineError> {
         let step = Step::Resume;
+        let key = self.image_pid(pid);
         if let Some(list) = &self.cfg.restore_tasks {
-            return Ok(list.get(&pid).cloned());
+            return Ok(list.get(&key).cloned());
         }
         // An image from before the task list: this task's own image, if any.
         match self
             .host
-            .read_task_image(pid)
+            .read_task_image(key)
             .map_err(|cause| EngineError::ImageIo { step, pid, cause })?
         {
-            Some(bytes) => TaskImage::decode(&bytes, pid)
+            Some(bytes) => TaskImage::decode(&bytes, key)
                 .map(Some)
                 .map_err(|cause| EngineError::ImageFormat { pid, cause }),
             None => Ok(None),
@@ -1071,8 +1118,11 @@ impl Engine {
         if listed && record.is_none() {
             return Ok(Outcome::NotMine); // the dump's task list says: no CUDA state
         }
+        // A tree restored into a new pid namespace has new host pids and tids: the recorded
+        // restore thread's tid names nothing then.
+        let same_pids = self.image_pid(pid) == pid;
         let (tid, initial) = match &record {
-            Some(img) if self.threads.thread_exists(pid, img.restore_tid) => {
+            Some(img) if same_pids && self.threads.thread_exists(pid, img.restore_tid) => {
                 (img.restore_tid, img.initial_state)
             }
             _ => match self.backend.get_restore_tid(pid).map_err(be)? {
@@ -1127,6 +1177,8 @@ impl Engine {
                 }
             ),
         );
+        // In its final state: nothing for the guardian to finish should CRIU die now.
+        self.guard_note(|g| g.untrack(pid));
         Ok(Outcome::Handled)
     }
 

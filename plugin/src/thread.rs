@@ -59,6 +59,29 @@ pub trait ThreadControl: Send {
     fn stopped(&self, pid: Pid, tid: Tid) -> Option<char>;
     /// Kills the process `pid` (SIGKILL) and waits, bounded, until it is dead.
     fn kill_task(&mut self, pid: Pid) -> Result<(), ThreadError>;
+    /// The pid of process `pid` in its own (innermost) pid namespace, `None` when unknown (see
+    /// [`ns_pid`]).
+    fn ns_pid(&self, _pid: Pid) -> Option<Pid> {
+        None
+    }
+}
+
+/// The pid of process `pid` in its innermost pid namespace: the last `NSpid:` entry of
+/// `/proc/<pid>/status` (the pid itself for a process in CRIU's own pid namespace). A tree
+/// restored into a new pid namespace gets new host pids but keeps these, so the plugin's images
+/// are keyed by them.
+#[must_use]
+pub fn ns_pid(pid: Pid) -> Option<Pid> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_ns_pid(&status)
+}
+
+/// The last number of the `NSpid:` line of a `/proc/<pid>/status` text.
+#[must_use]
+pub fn parse_ns_pid(status: &str) -> Option<Pid> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let last = line.split_whitespace().last()?;
+    last.parse().ok().filter(|p: &Pid| *p > 0)
 }
 
 /// The scheduler state letter of `/proc/<pid>/task/<tid>/stat` (the field after the command name,
@@ -184,6 +207,28 @@ mod tests {
         let me = std::process::id() as i32;
         assert_eq!(tracer_of(me, me), Some(0), "the test process is not traced");
         assert_eq!(tracer_of(me, i32::MAX), None);
+    }
+
+    #[test]
+    fn ns_pids_come_from_the_last_nspid_entry() {
+        let me = std::process::id() as i32;
+        assert!(ns_pid(me).is_some());
+        assert_eq!(parse_ns_pid("Name:\tx\nNSpid:\t4711\t12\t1\n"), Some(1));
+        assert_eq!(parse_ns_pid("NSpid:\t4711\n"), Some(4711));
+        assert_eq!(parse_ns_pid("Pid:\t4711\n"), None, "a kernel without NSpid");
+        assert_eq!(parse_ns_pid("NSpid:\t\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\t12 x\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\t0\n"), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ns_pid_parser_takes_the_innermost_pid(pids in proptest::collection::vec(1i32.., 1..5), junk in "[ -~]{0,40}") {
+            let text = format!("Name:\t{junk}\nNSpid:\t{}\n", pids.iter().map(ToString::to_string).collect::<Vec<_>>().join("\t"));
+            proptest::prop_assert_eq!(parse_ns_pid(&text), pids.last().copied());
+            // Never panics on arbitrary text.
+            let _ = parse_ns_pid(&junk);
+        }
     }
 
     #[test]

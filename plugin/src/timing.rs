@@ -133,6 +133,9 @@ impl ThreadControl for TimedThreads {
     fn task_exists(&self, pid: Pid) -> bool {
         self.inner.task_exists(pid)
     }
+    fn ns_pid(&self, pid: Pid) -> Option<Pid> {
+        self.inner.ns_pid(pid)
+    }
     fn stopped(&self, pid: Pid, tid: Tid) -> Option<char> {
         self.inner.stopped(pid, tid)
     }

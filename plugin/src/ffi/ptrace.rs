@@ -182,6 +182,10 @@ impl ThreadControl for Ptrace {
         crate::thread::process_alive(pid)
     }
 
+    fn ns_pid(&self, pid: Pid) -> Option<Pid> {
+        crate::thread::ns_pid(pid)
+    }
+
     fn stopped(&self, pid: Pid, tid: Tid) -> Option<char> {
         crate::thread::thread_state(pid, tid).filter(|s| matches!(s, 'T' | 't'))
     }
