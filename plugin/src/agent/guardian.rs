@@ -16,8 +16,9 @@
 //!    unlock), with the backend CRIU was using (its own copy of the driver library, or the
 //!    utility) and the plugin's deadlines (per-operation timeout, or [`DEFAULT_OP_LIMIT`] when
 //!    the plugin has none; copies sized by the task's bytes, or [`UNKNOWN_BYTES`]);
-//!    restore: kills it (`on-restore-failure=kill`: CRIU's own rule for a failed restore, and
-//!    a retry then finds its pids free) or finishes its restore the same way (`leave`);
+//!    restore: finishes its restore the same way; should that fail, kills it
+//!    (`on-restore-failure=kill`: CRIU's own rule for a failed restore, and a retry then finds
+//!    its pids free) or leaves it (`leave`);
 //! 4. logs every step to `cuda-plugin-guardian.log` in the image directory and to syslog.
 //!
 //! After a successful dump ([`FinishMode::WatchTasks`]) it waits at most [`WATCH_LIMIT`] for
@@ -325,20 +326,19 @@ pub fn after_criu(e: Ending) -> i32 {
             );
             continue;
         }
-        if cfg.stage == GuardStage::Restore && cfg.kill_on_restore_failure {
+        let finished = put_back(&mut *backend, g, &cfg, timeout, &mut log);
+        if !finished && cfg.stage == GuardStage::Restore && cfg.kill_on_restore_failure {
             match crate::ffi::ptrace::Ptrace.kill_task(pid) {
                 Ok(()) => log.line(
                     false,
                     &format!(
-                        "pid {pid}: killed (on-restore-failure=kill): the restore did not \
-                         finish; the images are intact, so it can be retried"
+                        "pid {pid}: killed (on-restore-failure=kill): its restore could not be \
+                         finished; the images are intact, so it can be retried"
                     ),
                 ),
                 Err(e) => log.line(true, &format!("pid {pid}: cannot kill it: {e}")),
             }
-            continue;
         }
-        put_back(&mut *backend, g, &cfg, timeout, &mut log);
     }
     // The first error line is the announcement; any more are tasks left as they were.
     let failed = log.errors > 1;
@@ -436,7 +436,7 @@ fn put_back(
     cfg: &GuardConfig,
     timeout: Duration,
     log: &mut Log,
-) {
+) -> bool {
     let pid = g.tracked.pid;
     let target = CUprocessState(g.tracked.target);
     let pairs: Vec<GpuPair> = g
@@ -456,6 +456,7 @@ fn put_back(
     } else {
         steps.join(", ")
     };
+    let reached = matches!(r, Ok(Driven::Reached));
     match r {
         Ok(Driven::Reached) => log.line(
             false,
@@ -474,6 +475,7 @@ fn put_back(
             &format!("pid {pid}: its CUDA state is {s}; there is no way back to {target}"),
         ),
     }
+    reached
 }
 
 #[cfg(test)]
