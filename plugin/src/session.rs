@@ -136,7 +136,9 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
         .as_deref()
         .map(MapSpec::parse)
         .transpose()?;
-    svc.allow_helper(!options.no_guardian);
+    // The skip-rollback mutant (see `harness/tests/mutants.rs`) is a plugin without any way
+    // back: no guardian either, or the corpus could not tell it from a working one.
+    svc.allow_helper(!options.no_guardian && !cfg!(criu_cuda_mutant = "skip-rollback"));
     let timeout = options.effective_timeout(ctx.criu_timeout);
     let mut notes = vec![format!(
         "options from {source}: backend={}, timeout={}, device map: {}",
