@@ -706,6 +706,11 @@ enum KillAt {
     /// During the dump, after the 1st CUDA task is checkpointed, while the 2nd task's
     /// checkpoint (delayed) is in flight.
     Checkpoint,
+    /// As `Checkpoint`, but CRIU dies of SIGABRT (what its `BUG()` raises).
+    Abort,
+    /// During the restore, after the 1st CUDA task's RESUME_DEVICES_LATE, while the 2nd task's
+    /// restore (delayed) is in flight.
+    Resume,
 }
 
 /// How long the 2nd task's call is delayed: CRIU is killed within it.
@@ -716,6 +721,8 @@ impl KillAt {
         match self {
             KillAt::Lock => "criu-killed-at-lock",
             KillAt::Checkpoint => "criu-killed-at-checkpoint",
+            KillAt::Abort => "criu-aborts-at-checkpoint",
+            KillAt::Resume => "criu-killed-at-resume",
         }
     }
 
@@ -724,8 +731,10 @@ impl KillAt {
         let function = match (self, cli) {
             (KillAt::Lock, true) => "cuda-checkpoint:lock",
             (KillAt::Lock, false) => "cuCheckpointProcessLock",
-            (KillAt::Checkpoint, true) => "cuda-checkpoint:checkpoint",
-            (KillAt::Checkpoint, false) => "cuCheckpointProcessCheckpoint",
+            (KillAt::Checkpoint | KillAt::Abort, true) => "cuda-checkpoint:checkpoint",
+            (KillAt::Checkpoint | KillAt::Abort, false) => "cuCheckpointProcessCheckpoint",
+            (KillAt::Resume, true) => "cuda-checkpoint:restore",
+            (KillAt::Resume, false) => "cuCheckpointProcessRestore",
         };
         fault(
             function,
@@ -735,8 +744,8 @@ impl KillAt {
     }
 }
 
-/// Runs CRIU with `args` and SIGKILLs it once its log shows `marker`; returns the log.
-fn kill_criu_at(c: &Case, args: &[&str], log: &str, marker: &str) -> R<String> {
+/// Runs CRIU with `args` and sends it `sig` once its log shows `marker`; returns the log.
+fn kill_criu_at(c: &Case, args: &[&str], log: &str, marker: &str, sig: i32) -> R<String> {
     let log_path = c.path.join(log);
     let mut child = c.criu_spawn(args, log)?;
     let mut exited = None;
@@ -747,7 +756,9 @@ fn kill_criu_at(c: &Case, args: &[&str], log: &str, marker: &str) -> R<String> {
         exited = child.try_wait().ok().flatten();
         exited.is_some()
     });
-    let _ = child.kill();
+    if let Ok(pid) = i32::try_from(child.id()) {
+        signal(pid, sig);
+    }
     let _ = child.wait();
     reap();
     let text = read(&log_path);
@@ -780,29 +791,81 @@ fn wait_guardians(c: &Case) -> R {
     Ok(())
 }
 
-/// CRIU killed mid-dump: the plugin's guardian puts every CUDA task back (restored and
-/// unlocked, running as before, data intact), and its log in the image directory says what it
-/// did.
+/// CRIU killed mid-dump or mid-restore: the plugin's guardian puts every CUDA task back
+/// (dump: restored and unlocked, running as before; restore: the GPU state restored), the tree
+/// runs with its data intact, and the guardian's log in the image directory says what it did.
 fn criu_killed(c: &mut Case, at: KillAt) -> R {
     spawn_tree3(c)?;
     let first = c.cuda[0];
     let d = c.images("img")?;
     let root = c.pids[0].to_string();
-    let marker = match at {
-        KillAt::Lock => format!("PAUSE_DEVICES pid {first}: done"),
-        KillAt::Checkpoint => format!("CHECKPOINT_DEVICES pid {first}: done"),
+    let sig = if matches!(at, KillAt::Abort) {
+        SIGABRT
+    } else {
+        SIGKILL
     };
-    kill_criu_at(c, &["dump", "-t", &root, "-D", &d], "img-dump.log", &marker)?;
+    let started = Instant::now();
+    match at {
+        KillAt::Lock | KillAt::Checkpoint | KillAt::Abort => {
+            let hook = if matches!(at, KillAt::Lock) {
+                "PAUSE_DEVICES"
+            } else {
+                "CHECKPOINT_DEVICES"
+            };
+            let marker = format!("{hook} pid {first}: done");
+            kill_criu_at(
+                c,
+                &["dump", "-t", &root, "-D", &d],
+                "img-dump.log",
+                &marker,
+                sig,
+            )?;
+        }
+        KillAt::Resume => {
+            let dump = c.dump("img", false)?;
+            c.expect_ok("dump", &dump)?;
+            c.wait_tree_gone()?;
+            let marker = format!("RESUME_DEVICES_LATE pid {first}: done");
+            kill_criu_at(
+                c,
+                &["restore", "-D", &d, "-d"],
+                "img-restore.log",
+                &marker,
+                sig,
+            )?;
+        }
+    }
     wait_guardians(c)?;
+    println!(
+        "    every task back within {:.1} s of CRIU's start",
+        started.elapsed().as_secs_f64()
+    );
     c.check_running()?;
     c.verify_data()?;
     let glog = read(&Path::new(&d).join("cuda-plugin-guardian.log"));
-    let acted = glog.contains("ended during the dump without the plugin's final word")
-        && glog.contains(&format!("pid {first}: back to running"))
+    let stage = if matches!(at, KillAt::Resume) {
+        "restore"
+    } else {
+        "dump"
+    };
+    // At the dump every task was changed by then; at the restore the first one was done, the
+    // other one's restore was in flight.
+    let put_back = match at {
+        KillAt::Resume => c
+            .cuda
+            .iter()
+            .copied()
+            .find(|&p| p != first)
+            .unwrap_or(first),
+        _ => first,
+    };
+    let acted = glog.contains(&format!(
+        "ended during the {stage} without the plugin's final word"
+    )) && glog.contains(&format!("pid {put_back}: back to running"))
         && !glog.contains("failed");
     ensure!(
         acted,
-        "the guardian's log does not say it put pid {first} back, or reports a failure:\n{glog}"
+        "the guardian's log does not say it put pid {put_back} back, or reports a failure:\n{glog}"
     );
     println!("    guardian log:\n{}", glog.trim_end());
     c.teardown()
@@ -1008,7 +1071,12 @@ fn trials(criu_list: &[Criu]) -> Vec<Trial> {
                     })
                 }));
             }
-            for at in [KillAt::Lock, KillAt::Checkpoint] {
+            for at in [
+                KillAt::Lock,
+                KillAt::Checkpoint,
+                KillAt::Abort,
+                KillAt::Resume,
+            ] {
                 let cr = criu.clone();
                 let case = at.name();
                 let faults = at.fault(backend);

@@ -290,6 +290,7 @@ extern "C" {
     fn setsid() -> c_int;
 }
 
+pub const SIGABRT: c_int = 6;
 pub const SIGKILL: c_int = 9;
 pub const SIGUSR1: c_int = 10;
 pub const SIGCONT: c_int = 18;
