@@ -410,7 +410,11 @@ fn wait_inflight(inflight: &InFlight, log: &mut Log) {
             }
             // A call CRIU waited for without a deadline: wait as long as the longest bound.
             m.values()
-                .map(|d| d.map_or(started + DEFAULT_OP_LIMIT, |d| d + INFLIGHT_GRACE))
+                .map(|d| {
+                    d.map_or(started + DEFAULT_OP_LIMIT, |(until, _)| {
+                        until + INFLIGHT_GRACE
+                    })
+                })
                 .max()
                 .unwrap_or(started)
         };

@@ -37,8 +37,9 @@ pub fn forward_log(level: u32, msg: &str) -> bool {
     true
 }
 
-/// Calls in flight: id → the moment CRIU stops waiting for it.
-pub type InFlight = Arc<Mutex<BTreeMap<u64, Option<Instant>>>>;
+/// Calls in flight: id → the moment CRIU stops waiting for it, and how long that wait is
+/// (`None`: CRIU waits without a deadline).
+pub type InFlight = Arc<Mutex<BTreeMap<u64, Option<(Instant, Duration)>>>>;
 
 /// The driver library, loaded once by the first call that needs it.
 pub type Driver = Arc<OnceLock<Result<Arc<dyn CudaDriver>, LoadError>>>;
@@ -46,8 +47,9 @@ pub type Driver = Arc<OnceLock<Result<Arc<dyn CudaDriver>, LoadError>>>;
 /// Calls in flight that CRIU stopped waiting for ([`ToAgent::Abandon`]).
 type GivenUp = Arc<Mutex<BTreeSet<u64>>>;
 
-/// How long the helper, told to finish, still waits for calls in flight (to undo one that CRIU
-/// gave up on and that lands late) before it exits.
+/// The longest the helper, told to finish, still waits for calls in flight (to undo one that
+/// CRIU gave up on and that lands late) before it exits; each call is waited for at most as long
+/// again as CRIU waited for it.
 const LATE_LIMIT: Duration = Duration::from_secs(60);
 
 /// The helper's main loop; returns its exit status.
@@ -130,14 +132,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Told to finish with calls still in flight: closes the channel (CRIU's `exit` returns), waits
-/// at most [`LATE_LIMIT`] for them (so that one CRIU gave up on and that lands late is undone),
-/// then exits.
+/// for them, each at most as long again as CRIU did and all within [`LATE_LIMIT`] (so that one
+/// CRIU gave up on and that lands late is undone), then exits.
 fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
     if lock(inflight).is_empty() {
         return 0;
     }
     chan.shutdown();
-    let end = Instant::now() + LATE_LIMIT;
+    let now = Instant::now();
+    // Each call as long again as CRIU waited for it (a lock cut at 1 s gets another second), one
+    // without a deadline the whole bound; never past LATE_LIMIT.
+    let end = lock(inflight)
+        .values()
+        .map(|u| u.map_or(now + LATE_LIMIT, |(until, d)| until + d))
+        .max()
+        .unwrap_or(now)
+        .min(now + LATE_LIMIT);
     while !lock(inflight).is_empty() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -207,7 +217,10 @@ fn start_call(
     deadline_ms: Option<u64>,
     call: Call,
 ) {
-    let until = deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    let until = deadline_ms.map(|ms| {
+        let d = Duration::from_millis(ms);
+        (Instant::now() + d, d)
+    });
     lock(inflight).insert(id, until);
     let (chan, inflight, given_up, driver) = (
         Arc::clone(chan),
