@@ -9,6 +9,8 @@
 //!    - `driver-api`: `mock-cuda-app --kib 64 --children N-1 --child-args "--kib 64"` (N mock
 //!      CUDA processes) with the plugin, `cuda_plugin.backend=driver-api`;
 //!    - `cuda-checkpoint`: the same tree with `cuda_plugin.backend=cuda-checkpoint`;
+//!    - `driver-api-noguard`: as `driver-api` with `cuda_plugin.guardian=off` (no helper
+//!      process: what the guardian costs);
 //!    - `plain`: the same tree with `--cpu-only` (no driver loaded) and an empty plugin
 //!      directory (no plugin at all).
 //!
@@ -153,9 +155,17 @@ enum Config {
     Driver,
     Cli,
     Plain,
+    /// `driver-api` with `cuda_plugin.guardian=off`: the driver calls on threads inside CRIU,
+    /// no helper process (what the guardian costs, side by side).
+    DriverNoGuardian,
 }
 
-const CONFIGS: [Config; 3] = [Config::Driver, Config::Cli, Config::Plain];
+const CONFIGS: [Config; 4] = [
+    Config::Driver,
+    Config::Cli,
+    Config::Plain,
+    Config::DriverNoGuardian,
+];
 
 impl Config {
     fn name(self) -> &'static str {
@@ -163,14 +173,17 @@ impl Config {
             Config::Driver => "driver-api",
             Config::Cli => "cuda-checkpoint",
             Config::Plain => "plain",
+            Config::DriverNoGuardian => "driver-api-noguard",
         }
     }
 
+    /// The backend, with any further option the configuration sets.
     fn backend(self) -> Option<&'static str> {
         match self {
             Config::Driver => Some("driver-api"),
             Config::Cli => Some("cuda-checkpoint"),
             Config::Plain => None,
+            Config::DriverNoGuardian => Some("driver-api cuda_plugin.guardian=off"),
         }
     }
 
@@ -179,6 +192,7 @@ impl Config {
             Config::Driver => "#1f77b4",
             Config::Cli => "#d62728",
             Config::Plain => "#2ca02c",
+            Config::DriverNoGuardian => "#9467bd",
         }
     }
 }
@@ -1530,6 +1544,7 @@ impl Report<'_> {
                 Config::Driver => "driver-api backend",
                 Config::Cli => "cuda-checkpoint backend",
                 Config::Plain => "plain tree, no plugin",
+                Config::DriverNoGuardian => "driver-api, guardian=off",
             };
             let _ = writeln!(
                 s,
