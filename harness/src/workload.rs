@@ -63,6 +63,8 @@ pub(crate) fn mock_env(world: &Path, bin: &Path) -> Vec<(String, String)> {
 /// In namespaces the tree opens its output file itself (for appending), and `unshare`'s own
 /// output goes to `dir/unshare.out`.
 ///
+/// The tree's working directory is `dir`.
+///
 /// The returned child is `setsid` or `unshare`; [`tree_root`] finds the root's host pid.
 pub(crate) fn spawn_root(
     dir: &Path,
@@ -118,7 +120,12 @@ pub(crate) fn spawn_root(
         c.arg("sh").arg("-c").arg(script);
         crate::ffi::spawn::close_other_fds(&mut c);
     }
-    c.envs(env.iter().map(|(k, v)| (k, v)))
+    // Each tree works in its own scenario directory. CRIU's parasite, dumping a task whose
+    // `/proc` belongs to another pid namespace, mounts a `/proc` of its own at
+    // `proc.crtools` in the task's working directory: two such dumps with one working
+    // directory (scenarios run side by side) collide there (EEXIST).
+    c.current_dir(dir)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -255,6 +262,47 @@ pub(crate) fn kill_and_reap(victims: &[i32], root: Option<Child>) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tree in a pid namespace of its own (whose `/proc` is the host's) works in its scenario
+    /// directory: CRIU's parasite mounts its `/proc` there (`proc.crtools`), so two such trees
+    /// dumped side by side never share that mountpoint.
+    #[test]
+    fn a_tree_works_in_its_own_directory() {
+        for namespaces in [vec![], vec![Namespace::Pid]] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("task0.sh"), "exec sleep 30\n").unwrap();
+            let child = spawn_root(dir.path(), &[], &namespaces).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let root = tree_root(&child, &namespaces, deadline);
+            let cwd = root.as_ref().ok().and_then(|r| loop {
+                // `unshare`'s child execs `sh`, which execs `setsid sh task0.sh`: the
+                // working directory holds from the first of them on.
+                if let Ok(c) = std::fs::read_link(format!("/proc/{r}/cwd")) {
+                    break Some(c);
+                }
+                if Instant::now() > deadline {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            });
+            let mut victims = vec![];
+            if let Ok(r) = root {
+                victims.push(r);
+            }
+            kill_and_reap(&victims, Some(child));
+            let root = root.unwrap();
+            assert_eq!(
+                cwd,
+                Some(dir.path().canonicalize().unwrap()),
+                "the working directory of tree root {root} in namespaces {namespaces:?}"
+            );
         }
     }
 }
