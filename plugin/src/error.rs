@@ -77,6 +77,7 @@ fn thread_errno(e: &ThreadError) -> i32 {
         ThreadError::Ptrace { .. } => libc::EIO,
         ThreadError::StopTimeout { .. } | ThreadError::KillTimeout { .. } => libc::ETIMEDOUT,
         ThreadError::Gone { .. } => libc::ESRCH,
+        ThreadError::SeccompSuspend { .. } => libc::EPERM,
     }
 }
 

@@ -9,7 +9,9 @@
 //!   (`PTRACE_SETSIGMASK`), drop the ptrace options so the thread's seccomp filter applies while it
 //!   runs (`PTRACE_SETOPTIONS 0`), `PTRACE_CONT`;
 //! * re-stop: `PTRACE_INTERRUPT`, wait for the stop (`waitpid(__WALL)`, polled with a deadline),
-//!   `PTRACE_SETOPTIONS PTRACE_O_SUSPEND_SECCOMP | PTRACE_O_TRACESYSGOOD`, restore the mask.
+//!   put back CRIU's options (`PTRACE_O_TRACESYSGOOD`, and `PTRACE_O_SUSPEND_SECCOMP` only for a
+//!   thread with a seccomp mode, as CRIU's seize does: see [`Resumed::seccomp`]), restore the
+//!   mask.
 //!
 //! A thread that is not traced by this process (the task was never seized, e.g. a rollback after
 //! a failed PAUSE_DEVICES) is left alone: it is running anyway. The real implementation is
@@ -25,6 +27,11 @@ pub struct Resumed {
     pub tid: Tid,
     /// The saved signal mask, or `None` when the thread was not ours to stop (nothing changed).
     pub saved_sigmask: Option<u64>,
+    /// The thread runs under a seccomp filter (`Seccomp:` of its `/proc` status is not 0), so
+    /// CRIU's seize suspended the filter (`PTRACE_O_SUSPEND_SECCOMP`) and the re-stop must
+    /// suspend it again. For any other thread CRIU set only `PTRACE_O_TRACESYSGOOD`, and so does
+    /// the re-stop: suspending seccomp needs CAP_SYS_ADMIN, which `criu --unprivileged` lacks.
+    pub seccomp: bool,
 }
 
 /// A failed ptrace step.
@@ -42,6 +49,13 @@ pub enum ThreadError {
     Gone { tid: Tid },
     #[error("pid {pid} did not die within {ms} ms of SIGKILL")]
     KillTimeout { pid: Pid, ms: u64 },
+    #[error(
+        "restore thread {tid} runs under a seccomp filter, and stopping it again as CRIU left it \
+         (PTRACE_O_SUSPEND_SECCOMP) was refused: {}; that needs CAP_SYS_ADMIN, which CRIU \
+         lacks with --unprivileged",
+        std::io::Error::from_raw_os_error(*.errno)
+    )]
+    SeccompSuspend { tid: Tid, errno: i32 },
 }
 
 /// Resume one thread of a stopped task, and stop it again.
@@ -181,8 +195,29 @@ pub fn process_alive(pid: Pid) -> bool {
 /// when the thread is gone.
 #[must_use]
 pub fn tracer_of(pid: Pid, tid: Tid) -> Option<i32> {
+    tracer_and_seccomp(pid, tid).map(|(t, _)| t)
+}
+
+/// The tracer of `tid` (as [`tracer_of`]) and whether it runs under seccomp (its `Seccomp:`
+/// mode is not 0, see [`parse_seccomp`]), from one read of its `/proc` status; `None` when the
+/// thread is gone.
+#[must_use]
+pub fn tracer_and_seccomp(pid: Pid, tid: Tid) -> Option<(i32, bool)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
-    parse_tracer(&status)
+    Some((
+        parse_tracer(&status)?,
+        parse_seccomp(&status).is_some_and(|m| m != 0),
+    ))
+}
+
+/// The `Seccomp:` mode of a `/proc/<pid>/status` text: 0 none, 1 strict, 2 filter; `None`
+/// when the line is missing (a kernel without seccomp) or unreadable.
+#[must_use]
+pub fn parse_seccomp(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn parse_tracer(status: &str) -> Option<i32> {
@@ -228,6 +263,41 @@ mod tests {
             proptest::prop_assert_eq!(parse_ns_pid(&text), pids.last().copied());
             // Never panics on arbitrary text.
             let _ = parse_ns_pid(&junk);
+        }
+    }
+
+    #[test]
+    fn reads_the_seccomp_mode() {
+        let text = "Name:\tx\nTracerPid:\t77\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+        assert_eq!(parse_seccomp(text), Some(2));
+        assert_eq!(parse_seccomp("Seccomp:\t0\n"), Some(0));
+        assert_eq!(
+            parse_seccomp("Seccomp_filters:\t3\n"),
+            None,
+            "not the mode line"
+        );
+        assert_eq!(
+            parse_seccomp("Name:\tx\n"),
+            None,
+            "a kernel without seccomp"
+        );
+        let me = std::process::id() as i32;
+        assert_eq!(
+            tracer_and_seccomp(me, me),
+            Some((0, false)),
+            "the test process is neither traced nor filtered"
+        );
+        assert_eq!(tracer_and_seccomp(me, i32::MAX), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn seccomp_parser_reads_only_the_mode_line(mode in 0u32..3, filters in 0u32..64, junk in "[ -~]{0,40}") {
+            let text = format!("Name:\t{junk}\nSeccomp:\t{mode}\nSeccomp_filters:\t{filters}\n");
+            proptest::prop_assert_eq!(parse_seccomp(&text), Some(mode));
+            let text = format!("Name:\t{junk}\nSeccomp_filters:\t{filters}\n");
+            proptest::prop_assert_eq!(parse_seccomp(&text), None);
+            let _ = parse_seccomp(&junk);
         }
     }
 

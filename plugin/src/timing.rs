@@ -156,6 +156,7 @@ mod tests {
                 pid,
                 tid,
                 saved_sigmask: None,
+                seccomp: false,
             })
         }
         fn restop(&mut self, _: Resumed) -> Result<(), ThreadError> {

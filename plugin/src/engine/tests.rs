@@ -288,6 +288,7 @@ impl ThreadControl for FakeThreads {
                 pid,
                 tid,
                 saved_sigmask: None,
+                seccomp: false,
             });
         }
         if t.thread_running {
@@ -303,6 +304,7 @@ impl ThreadControl for FakeThreads {
             pid,
             tid,
             saved_sigmask: Some(0x5a5a),
+            seccomp: false,
         })
     }
     fn restop(&mut self, r: Resumed) -> Result<(), ThreadError> {

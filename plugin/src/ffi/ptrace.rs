@@ -3,7 +3,7 @@
 //! the sequence and why.
 
 use crate::backend::{Pid, Tid};
-use crate::thread::{tracer_of, Resumed, ThreadControl, ThreadError};
+use crate::thread::{tracer_and_seccomp, Resumed, ThreadControl, ThreadError};
 use std::ffi::{c_long, c_void};
 use std::time::{Duration, Instant};
 
@@ -56,8 +56,27 @@ fn set_mask(tid: Tid, mut mask: u64) -> Result<(), ThreadError> {
     .map(drop)
 }
 
-/// The options CRIU's seize leaves on a thread, restored after our PTRACE_CONT window.
-const CRIU_OPTIONS: libc::c_int = libc::PTRACE_O_SUSPEND_SECCOMP | libc::PTRACE_O_TRACESYSGOOD;
+/// The options CRIU's seize leaves on a thread, restored after our PTRACE_CONT window:
+/// `PTRACE_O_TRACESYSGOOD` on every thread, and `PTRACE_O_SUSPEND_SECCOMP` only on one with a
+/// seccomp mode (compel's `compel_wait_task`, `ss->seccomp_mode != SECCOMP_MODE_DISABLED`).
+/// Suspending seccomp needs CAP_SYS_ADMIN, so it is only asked for where CRIU asked for it.
+fn criu_options(seccomp: bool) -> libc::c_int {
+    if seccomp {
+        libc::PTRACE_O_SUSPEND_SECCOMP | libc::PTRACE_O_TRACESYSGOOD
+    } else {
+        libc::PTRACE_O_TRACESYSGOOD
+    }
+}
+
+/// Restores CRIU's options on a stopped thread; a refused seccomp suspension is named as such.
+fn restore_options(tid: Tid, seccomp: bool) -> Result<(), ThreadError> {
+    set_options(tid, criu_options(seccomp)).map_err(|e| match e {
+        ThreadError::Ptrace { errno, .. } if seccomp && errno == libc::EPERM => {
+            ThreadError::SeccompSuspend { tid, errno }
+        }
+        e => e,
+    })
+}
 
 /// Waits (polling, with a deadline) until `tid` reports a stop. The polls back off from 10 µs
 /// to 200 µs: a thread usually stops within tens of microseconds of PTRACE_INTERRUPT.
@@ -112,17 +131,18 @@ impl ThreadControl for Ptrace {
         // newer than that, or one without a version).
         // SAFETY: SYS_gettid takes no arguments, has no preconditions and cannot fail.
         let me = unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t;
-        match tracer_of(pid, tid) {
+        let seccomp = match tracer_and_seccomp(pid, tid) {
             None => return Err(ThreadError::Gone { tid }),
-            Some(t) if t != me => {
+            Some((t, seccomp)) if t != me => {
                 return Ok(Resumed {
                     pid,
                     tid,
                     saved_sigmask: None,
+                    seccomp,
                 })
             }
-            Some(_) => {}
-        }
+            Some((_, seccomp)) => seccomp,
+        };
         let mut saved: u64 = 0;
         request(
             "PTRACE_GETSIGMASK",
@@ -145,7 +165,7 @@ impl ThreadControl for Ptrace {
         });
         if let Err(e) = run {
             // Still stopped: put back what we changed, best effort.
-            let _ = set_options(tid, CRIU_OPTIONS);
+            let _ = restore_options(tid, seccomp);
             let _ = set_mask(tid, saved);
             return Err(e);
         }
@@ -153,6 +173,7 @@ impl ThreadControl for Ptrace {
             pid,
             tid,
             saved_sigmask: Some(saved),
+            seccomp,
         })
     }
 
@@ -169,7 +190,7 @@ impl ThreadControl for Ptrace {
             std::ptr::null_mut(),
         )?;
         wait_stopped(tid)?;
-        let opts = set_options(tid, CRIU_OPTIONS);
+        let opts = restore_options(tid, resumed.seccomp);
         let mask = set_mask(tid, saved);
         opts.and(mask)
     }
@@ -230,15 +251,180 @@ mod tests {
         s.rsplit(')').next().unwrap().trim().chars().next().unwrap()
     }
 
-    /// Seizes and interrupts `pid` the way CRIU's compel does; `false` when ptrace is not
+    /// Seizes and interrupts `pid` the way CRIU's compel does (then sets its options, with
+    /// seccomp suspended for a task that has a seccomp mode); `false` when ptrace is not
     /// permitted here.
-    fn seize_like_criu(pid: Pid) -> bool {
+    fn seize_like_criu(pid: Pid, seccomp: bool) -> bool {
         // SAFETY: PTRACE_SEIZE/INTERRUPT on our own child; integer arguments only.
         let ok = unsafe {
-            libc::ptrace(libc::PTRACE_SEIZE, pid, 0usize, CRIU_OPTIONS as usize) == 0
+            libc::ptrace(libc::PTRACE_SEIZE, pid, 0usize, 0usize) == 0
                 && libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0usize, 0usize) == 0
         };
-        ok && wait_stopped(pid).is_ok()
+        ok && wait_stopped(pid).is_ok() && set_options(pid, criu_options(seccomp)).is_ok()
+    }
+
+    /// A child forked from this process that enters seccomp's strict mode and blocks reading a
+    /// pipe nobody writes to (strict mode allows only read, write, exit and sigreturn); killed
+    /// and reaped on drop.
+    struct StrictSleeper {
+        pid: Pid,
+        pipe_write: libc::c_int,
+    }
+
+    impl StrictSleeper {
+        fn start() -> Self {
+            let mut fds = [0 as libc::c_int; 2];
+            // SAFETY: pipe(2) fills the two-element array.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            // SAFETY: the child only makes raw system calls (prctl, read, exit), which are
+            // async-signal-safe, so forking a multi-threaded test process is sound.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                // SAFETY: raw system calls in the forked child, arguments are integers and a
+                // one-byte local buffer.
+                unsafe {
+                    libc::syscall(libc::SYS_close, fds[1]);
+                    libc::syscall(
+                        libc::SYS_prctl,
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_STRICT,
+                    );
+                    let mut b = 0u8;
+                    while libc::syscall(libc::SYS_read, fds[0], &raw mut b, 1usize) != 0 {}
+                    libc::syscall(libc::SYS_exit, 0);
+                }
+                unreachable!("exit returned");
+            }
+            // SAFETY: closes our copy of the read end.
+            unsafe { libc::close(fds[0]) };
+            let me = StrictSleeper {
+                pid,
+                pipe_write: fds[1],
+            };
+            let end = Instant::now() + Duration::from_secs(5);
+            while !crate::thread::tracer_and_seccomp(pid, pid).is_some_and(|(_, s)| s) {
+                assert!(Instant::now() < end, "the child never entered strict mode");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            me
+        }
+    }
+
+    impl Drop for StrictSleeper {
+        fn drop(&mut self) {
+            // SAFETY: kill, reap our own child and close our pipe end; integer arguments.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, std::ptr::null_mut(), libc::__WALL);
+                libc::close(self.pipe_write);
+            }
+        }
+    }
+
+    /// Runs `f` with CAP_SYS_ADMIN dropped from this thread's effective set (as under
+    /// `criu --unprivileged`, which runs with CAP_CHECKPOINT_RESTORE), then raises it again.
+    /// Capabilities are per thread: the rest of the test process keeps its own.
+    fn without_cap_sys_admin<T>(f: impl FnOnce() -> T) -> T {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: libc::c_int,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        let mut hdr = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let mut data = [Data::default(); 2];
+        // SAFETY: capget with a v3 header and the two data words v3 defines.
+        let r = unsafe { libc::syscall(libc::SYS_capget, &raw mut hdr, data.as_mut_ptr()) };
+        assert_eq!(r, 0, "capget");
+        let saved = data;
+        data[0].effective &= !(1 << CAP_SYS_ADMIN);
+        // SAFETY: capset of this thread with the same v3 layout, a subset of what it had.
+        let r = unsafe { libc::syscall(libc::SYS_capset, &raw mut hdr, data.as_ptr()) };
+        assert_eq!(r, 0, "capset (drop CAP_SYS_ADMIN)");
+        let out = f();
+        // SAFETY: as above; the saved sets are within the permitted set.
+        let r = unsafe { libc::syscall(libc::SYS_capset, &raw mut hdr, saved.as_ptr()) };
+        assert_eq!(r, 0, "capset (raise CAP_SYS_ADMIN again)");
+        out
+    }
+
+    /// `CAP_SYS_ADMIN`'s bit number (linux/capability.h).
+    const CAP_SYS_ADMIN: u32 = 21;
+
+    /// Whether this thread has CAP_SYS_ADMIN in its effective set (`CapEff` of its status).
+    fn have_cap_sys_admin() -> bool {
+        std::fs::read_to_string("/proc/thread-self/status")
+            .ok()
+            .and_then(|s| {
+                let v = s
+                    .lines()
+                    .find_map(|l| l.strip_prefix("CapEff:"))?
+                    .trim()
+                    .to_owned();
+                u64::from_str_radix(&v, 16).ok()
+            })
+            .is_some_and(|m| m & (1 << CAP_SYS_ADMIN) != 0)
+    }
+
+    #[test]
+    fn seccomp_is_suspended_again_only_where_criu_suspended_it() {
+        if !have_cap_sys_admin() {
+            eprintln!("skipped: needs CAP_SYS_ADMIN (as root) to drop it on purpose");
+            return;
+        }
+        let mut p = Ptrace;
+        // A task without seccomp: CRIU set only TRACESYSGOOD, which needs no capability, so
+        // the window works without CAP_SYS_ADMIN (criu --unprivileged).
+        let plain = sleeper();
+        let pid = plain.0.id() as Pid;
+        assert!(seize_like_criu(pid, false), "seize");
+        without_cap_sys_admin(|| {
+            let r = p.resume(pid, pid).unwrap();
+            assert!(!r.seccomp);
+            assert_ne!(state_of(pid), 't', "running while resumed");
+            p.restop(r).expect("re-stop without CAP_SYS_ADMIN");
+        });
+        assert_eq!(state_of(pid), 't', "stopped again");
+
+        // A task in seccomp's strict mode: the re-stop suspends its filter again, as CRIU's
+        // seize did; while it runs, its own filter applies.
+        let strict = StrictSleeper::start();
+        let spid = strict.pid;
+        assert!(seize_like_criu(spid, true), "seize");
+        let r = p.resume(spid, spid).unwrap();
+        assert!(r.seccomp, "the strict-mode task is known as filtered");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_ne!(state_of(spid), 't', "running while resumed");
+        p.restop(r).unwrap();
+        assert_eq!(state_of(spid), 't', "stopped again");
+
+        // Without CAP_SYS_ADMIN that suspension is refused: a clear error, still stopped.
+        let r = p.resume(spid, spid).unwrap();
+        let e = without_cap_sys_admin(|| p.restop(r)).unwrap_err();
+        assert_eq!(
+            e,
+            ThreadError::SeccompSuspend {
+                tid: spid,
+                errno: libc::EPERM
+            }
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("seccomp") && text.contains("CAP_SYS_ADMIN"),
+            "{text}"
+        );
+        assert_eq!(state_of(spid), 't', "stopped again even so");
     }
 
     /// Kills and reaps the child even when an assertion fails.
@@ -269,7 +455,7 @@ mod tests {
     fn resume_runs_only_while_resumed_and_restop_restores_mask_and_stop() {
         let child = sleeper();
         let pid = child.0.id() as Pid;
-        if !seize_like_criu(pid) {
+        if !seize_like_criu(pid, false) {
             eprintln!("skipped: ptrace is not permitted in this environment");
             return;
         }
@@ -285,18 +471,8 @@ mod tests {
         assert_eq!(r.saved_sigmask, Some(mask_before));
         std::thread::sleep(Duration::from_millis(50));
         assert_ne!(state_of(pid), 't', "running while resumed");
-        let restop = p.restop(r);
-        if let Err(ThreadError::Ptrace {
-            step: "PTRACE_SETOPTIONS",
-            errno,
-            ..
-        }) = restop
-        {
-            // PTRACE_O_SUSPEND_SECCOMP needs CAP_SYS_ADMIN, which CRIU has.
-            assert_eq!(errno, libc::EPERM);
-        } else {
-            restop.unwrap();
-        }
+        // Not filtered: nothing but PTRACE_O_TRACESYSGOOD to put back, allowed to any tracer.
+        p.restop(r).unwrap();
         assert_eq!(state_of(pid), 't', "stopped again");
         let mut mask_after: u64 = 0;
         // SAFETY: as above.
