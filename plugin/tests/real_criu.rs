@@ -495,6 +495,63 @@ fn dump_restore(c: &mut Case) -> R {
     c.teardown()
 }
 
+/// A tree under a seccomp filter, as in a container (runc applies the config's filter;
+/// Kubernetes defaults to RuntimeDefault): the plugin runs each restore thread under the task's
+/// own filter and, stopping it again, suspends the filter only as CRIU had (it was). CRIU dumps
+/// and restores the filter; the tasks check after the restore that it is still in force.
+fn seccomp_filtered(c: &mut Case) -> R {
+    c.spawn_tree(
+        &[
+            "--kib",
+            "64",
+            "--threads",
+            "1",
+            "--seccomp",
+            "--children",
+            "1",
+            "--child-args",
+            "--kib 16 --seccomp",
+        ],
+        2,
+    )?;
+    let seccomp_mode = |pid: i32| {
+        read(Path::new(&format!("/proc/{pid}/status")))
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim().to_owned()))
+    };
+    for &pid in &c.pids {
+        ensure!(
+            seccomp_mode(pid).as_deref() == Some("2"),
+            "pid {pid} does not run under a seccomp filter: Seccomp {:?}",
+            seccomp_mode(pid)
+        );
+    }
+    let d = c.dump("img", false)?;
+    c.expect_ok("dump", &d)?;
+    c.wait_tree_gone()?;
+    let r = c.restore("img")?;
+    c.expect_ok("restore", &r)?;
+    c.check_running()?;
+    for &pid in &c.pids {
+        ensure!(
+            seccomp_mode(pid).as_deref() == Some("2"),
+            "restored pid {pid} lost its seccomp filter: Seccomp {:?}",
+            seccomp_mode(pid)
+        );
+    }
+    c.verify_data()?;
+    let report = read(&c.report);
+    let passes = report
+        .lines()
+        .filter(|l| l.starts_with("PASS") && l.contains("seccomp=filter"))
+        .count();
+    ensure!(
+        passes >= c.pids.len(),
+        "every task checks its filter after the restore:\n{report}"
+    );
+    c.teardown()
+}
+
 /// A second dump of a restored tree, and its restore.
 fn cycles(c: &mut Case) -> R {
     spawn_tree3(c)?;
@@ -1097,6 +1154,7 @@ fn trials(criu_list: &[Criu]) -> Vec<Trial> {
             }));
             for (case, body) in [
                 ("cycles", cycles as fn(&mut Case) -> R),
+                ("seccomp-filtered", seccomp_filtered),
                 ("restore-twice", restore_twice),
                 ("other-plugin", other_plugin),
             ] {

@@ -160,3 +160,38 @@ pub fn install_signal_handlers() -> Result<()> {
     }
     Ok(())
 }
+
+/// The system call `--seccomp` filters, and the errno the filter answers it with: `acct(2)`
+/// with `EOWNERDEAD`, an answer no kernel gives to `acct` (so the probe cannot mistake an
+/// unfiltered call for a filtered one, and a filtered call never changes process accounting).
+const FILTERED_SYSCALL: libc::c_long = libc::SYS_acct;
+const FILTERED_ERRNO: u32 = libc::EOWNERDEAD as u32;
+
+/// Installs a seccomp filter (mode 2, inherited by every thread started afterwards and by
+/// children) that answers [`FILTERED_SYSCALL`] with [`FILTERED_ERRNO`] and allows the rest;
+/// sets `no_new_privs` as an unprivileged filter requires.
+pub fn install_seccomp_filter() -> Result<()> {
+    use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| anyhow::anyhow!("seccomp on {}: {e}", std::env::consts::ARCH))?;
+    let filter = SeccompFilter::new(
+        [(FILTERED_SYSCALL, vec![])].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(FILTERED_ERRNO),
+        arch,
+    )
+    .context("building the seccomp filter")?;
+    let program: BpfProgram = filter.try_into().context("compiling the seccomp filter")?;
+    seccompiler::apply_filter(&program).context("installing the seccomp filter")?;
+    Ok(())
+}
+
+/// Whether the filter of [`install_seccomp_filter`] is in force for the calling thread: the
+/// filtered call fails with the filter's errno.
+pub fn seccomp_filter_active() -> bool {
+    // SAFETY: acct(NULL) takes no pointer to memory; under the filter it never reaches the
+    // kernel, without it an unprivileged caller gets EPERM and root only switches accounting
+    // off (which is off on these machines).
+    let r = unsafe { libc::syscall(FILTERED_SYSCALL, std::ptr::null::<libc::c_char>()) };
+    r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(FILTERED_ERRNO as i32)
+}

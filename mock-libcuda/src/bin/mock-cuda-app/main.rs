@@ -13,7 +13,8 @@
 //!
 //! `--children N` starts N copies of itself as child processes (with `--children 0`),
 //! `--cpu-only` never touches CUDA (for mixed trees), `--threads N` adds worker threads that
-//! keep calling into the driver.
+//! keep calling into the driver, `--seccomp` runs the process under a seccomp filter (as a
+//! container does) and checks that the filter survives.
 //!
 //! Sizes: `--kib K` allocates K KiB per GPU and writes and checks every byte. `--gib G` (a
 //! decimal, e.g. `0.5`, `80`, `141`) allocates G GiB per GPU, sets all of it with one
@@ -75,6 +76,11 @@ struct Args {
     /// Milliseconds between background checks.
     #[arg(long, default_value_t = 50)]
     check_ms: u64,
+    /// Run under a seccomp filter, as a container does (installed before the driver loads, so
+    /// every thread has it, its restore thread included); every check verifies it is still in
+    /// force, and READY/PASS lines say `seccomp=filter`.
+    #[arg(long)]
+    seccomp: bool,
 }
 
 fn parse_gib(s: &str) -> Result<f64, String> {
@@ -290,6 +296,9 @@ fn main() {
 }
 
 fn run(args: &Args, pid: u32) -> Result<()> {
+    if args.seccomp {
+        ffi::install_seccomp_filter()?;
+    }
     ffi::install_signal_handlers()?;
     let workload = if args.cpu_only {
         None
@@ -360,10 +369,11 @@ fn run(args: &Args, pid: u32) -> Result<()> {
         Some(w) => w.gpus()?,
         None => String::new(),
     };
+    let filtered = if args.seccomp { " seccomp=filter" } else { "" };
     report(
         args,
         &format!(
-            "READY pid={pid} cuda={} gpus={gpus}",
+            "READY pid={pid} cuda={} gpus={gpus}{filtered}",
             if workload.is_some() { "yes" } else { "no" }
         ),
     );
@@ -375,6 +385,9 @@ fn run(args: &Args, pid: u32) -> Result<()> {
             checks += 1;
         }
         let stop = ffi::STOP.load(Ordering::SeqCst);
+        if args.seccomp && !ffi::seccomp_filter_active() {
+            anyhow::bail!("the seccomp filter is no longer in force");
+        }
         if ffi::VERIFY.swap(false, Ordering::SeqCst) || stop {
             let gpus = match &workload {
                 Some(w) => {
@@ -384,7 +397,10 @@ fn run(args: &Args, pid: u32) -> Result<()> {
                 }
                 None => String::new(),
             };
-            report(args, &format!("PASS pid={pid} checks={checks} gpus={gpus}"));
+            report(
+                args,
+                &format!("PASS pid={pid} checks={checks} gpus={gpus}{filtered}"),
+            );
         }
         if stop {
             for mut c in children {
