@@ -100,7 +100,13 @@ struct Case {
     force_enable: bool,
     /// Extra environment of CRIU (after the case's own).
     extra_env: Vec<(String, String)>,
+    /// Run the tree and CRIU as [`UNPRIVILEGED_UID`], CRIU with `--unprivileged` and
+    /// CAP_CHECKPOINT_RESTORE only (see [`Case::unprivileged`]).
+    unprivileged: bool,
 }
+
+/// The user an unprivileged case runs as (`nobody`).
+const UNPRIVILEGED_UID: u32 = 65534;
 
 impl Case {
     fn new(criu: &Criu, backend: &'static str, faults: &str, extra_options: &str) -> R<Case> {
@@ -156,7 +162,51 @@ impl Case {
             restores: Vec::new(),
             force_enable: true,
             extra_env: Vec::new(),
+            unprivileged: false,
         })
+    }
+
+    /// Makes this case run unprivileged: its directory (world, plugins, reports, images)
+    /// belongs to [`UNPRIVILEGED_UID`], the tree runs as that user with `no_new_privs`, and CRIU
+    /// as that user with `--unprivileged` and CAP_CHECKPOINT_RESTORE as its only capability.
+    fn unprivileged(&mut self) -> R {
+        self.unprivileged = true;
+        self.give_away(&self.path)
+    }
+
+    /// Hands `p` and everything below it to [`UNPRIVILEGED_UID`] (an unprivileged case only).
+    fn give_away(&self, p: &Path) -> R {
+        if !self.unprivileged {
+            return Ok(());
+        }
+        let uid = UNPRIVILEGED_UID;
+        let mut todo = vec![p.to_path_buf()];
+        while let Some(p) = todo.pop() {
+            std::os::unix::fs::lchown(&p, Some(uid), Some(uid))
+                .map_err(|e| format!("chown {}: {e}", p.display()))?;
+            if p.is_dir() && !p.is_symlink() {
+                let entries = std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                todo.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The command that runs `program`: as it is, or for an unprivileged case through
+    /// `setpriv` as [`UNPRIVILEGED_UID`] with the given `setpriv` options.
+    fn command(&self, program: &Path, setpriv: &[&str]) -> Command {
+        if !self.unprivileged {
+            return Command::new(program);
+        }
+        let id = UNPRIVILEGED_UID;
+        let mut cmd = Command::new("setpriv");
+        cmd.arg(format!("--reuid={id}"))
+            .arg(format!("--regid={id}"))
+            .arg("--clear-groups")
+            .args(setpriv)
+            .arg("--")
+            .arg(program);
+        cmd
     }
 
     /// `MOCK_CUDA_WORLD=<world>`: marks every process of this case.
@@ -174,7 +224,10 @@ impl Case {
     /// Starts `mock-cuda-app args…` in a new session and waits for `procs` READY lines.
     fn spawn_tree(&mut self, args: &[&str], procs: usize) -> R {
         let a = artifacts().as_ref().map_err(Clone::clone)?;
-        let mut cmd = Command::new(&a.mock_app);
+        // Unprivileged, the tree sets no_new_privs: CRIU's restorer may then leave capabilities
+        // in the bounding set it cannot drop without CAP_SETPCAP (criu/pie/restorer.c, "trim
+        // bset"); a container's tasks usually have it set (seccomp needs it).
+        let mut cmd = self.command(&a.mock_app, &["--no-new-privs"]);
         cmd.args(args)
             .arg("--report")
             .arg(&self.report)
@@ -232,9 +285,18 @@ impl Case {
         let out = std::fs::File::create(self.path.join(format!("{log}.out")))
             .map_err(|e| e.to_string())?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(&self.criu.path);
-        cmd.args(args)
-            .arg("-L")
+        let mut cmd = self.command(
+            &self.criu.path,
+            &[
+                "--inh-caps=+checkpoint_restore",
+                "--ambient-caps=+checkpoint_restore",
+            ],
+        );
+        cmd.args(args);
+        if self.unprivileged {
+            cmd.arg("--unprivileged");
+        }
+        cmd.arg("-L")
             .arg(&self.libdir)
             .args(["-v4", "-o"])
             .arg(&log_path)
@@ -288,6 +350,7 @@ impl Case {
     fn images(&self, name: &str) -> R<String> {
         let d = self.path.join(name);
         std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        self.give_away(&d)?;
         Ok(d.display().to_string())
     }
 
@@ -549,6 +612,40 @@ fn seccomp_filtered(c: &mut Case) -> R {
         passes >= c.pids.len(),
         "every task checks its filter after the restore:\n{report}"
     );
+    c.teardown()
+}
+
+/// `criu --unprivileged` as a non-root user with CAP_CHECKPOINT_RESTORE only, dumping and
+/// restoring that user's tree (with `no_new_privs`): the plugin needs no capability of its own
+/// (it puts back only the ptrace options CRIU set, never PTRACE_O_SUSPEND_SECCOMP for an
+/// unfiltered task), and its guardian runs as that user too.
+fn unprivileged(c: &mut Case) -> R {
+    c.unprivileged()?;
+    spawn_tree3(c)?;
+    for &pid in &c.pids {
+        let uid = read(Path::new(&format!("/proc/{pid}/status")))
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|v| v.split_whitespace().next().map(str::to_owned))
+            })
+            .flatten();
+        ensure!(
+            uid == Some(UNPRIVILEGED_UID.to_string()),
+            "pid {pid} runs as uid {uid:?}, not {UNPRIVILEGED_UID}"
+        );
+    }
+    let d = c.dump("img", false)?;
+    c.expect_ok("unprivileged dump", &d)?;
+    ensure!(
+        d.log.contains("cuda_plugin"),
+        "the plugin did not run in the unprivileged dump"
+    );
+    c.wait_tree_gone()?;
+    let r = c.restore("img")?;
+    c.expect_ok("unprivileged restore", &r)?;
+    c.check_running()?;
+    c.verify_data()?;
     c.teardown()
 }
 
@@ -1155,6 +1252,7 @@ fn trials(criu_list: &[Criu]) -> Vec<Trial> {
             for (case, body) in [
                 ("cycles", cycles as fn(&mut Case) -> R),
                 ("seccomp-filtered", seccomp_filtered),
+                ("unprivileged", unprivileged),
                 ("restore-twice", restore_twice),
                 ("other-plugin", other_plugin),
             ] {
