@@ -756,6 +756,9 @@ impl Exec<'_> {
             } else {
                 line.push_str(" --cpu-only");
             }
+            if t.seccomp {
+                line.push_str(" --seccomp");
+            }
             line
         })?;
         let deadline = Instant::now() + Duration::from_secs(20);

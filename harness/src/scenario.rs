@@ -23,7 +23,8 @@
 //!                      # CUDA tasks: `gpus = [0, 1]`, `kib = 64` (every byte real), or
 //!                      # `gib = 80.0` (virtual device memory: a memset and 16 pattern windows,
 //!                      # `mock-cuda-app --gib`), and `kernel_ms = 500` (a kernel of that many
-//!                      # milliseconds always in flight: a lock waits for it)
+//!                      # milliseconds always in flight: a lock waits for it); any task:
+//!                      # `seccomp = true` (a seccomp filter, checked after a restore)
 //! namespaces = ["pid", "mount"]   # optional: the tree starts in new namespaces, as in a
 //!                      # container (any of "pid", "mount"; below)
 //!
@@ -336,6 +337,10 @@ pub struct TaskSpec {
     /// Extra environment of the task (e.g. `CUDA_VISIBLE_DEVICES`).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Run the task under a seccomp filter, as in a container (`mock-cuda-app --seccomp`: it
+    /// checks at every data check that the filter is still in force).
+    #[serde(default)]
+    pub seccomp: bool,
 }
 
 /// Which host runs the steps.
