@@ -1255,14 +1255,10 @@ impl Exec<'_> {
         // The plugin's helper process runs its driver calls: name it in the driver's trace.
         // It outlives CRIU by design (it puts back the tasks of a CRIU that died, or that
         // resumed them checkpointed): the step ends when it has exited too.
-        for l in log_text.lines() {
-            if let Some(rest) = l.split("helper process ").nth(1) {
-                if let Some(pid) = rest.strip_suffix(" started").and_then(|p| p.parse().ok()) {
-                    self.procs.insert(pid, "guardian");
-                    wait_gone(pid, GUARDIAN_LIMIT)
-                        .map_err(|e| format!("step {i} ({verb}): the plugin's guardian {e}"))?;
-                }
-            }
+        for pid in guardian_pids(&log_text) {
+            self.procs.insert(pid, "guardian");
+            wait_gone(pid, GUARDIAN_LIMIT)
+                .map_err(|e| format!("step {i} ({verb}): the plugin's guardian {e}"))?;
         }
         // The engine's trace and the driver's trace of this step.
         let _ = writeln!(
@@ -2278,6 +2274,15 @@ fn print_row(r: &Row) {
 /// watching CRIU (60 s) and on putting a task back, with room to spare.
 const GUARDIAN_LIMIT: Duration = Duration::from_secs(90);
 
+/// The pids of the plugin's guardian helpers a CRIU log names (the plugin logs
+/// `helper process PID started` when it starts one).
+pub(crate) fn guardian_pids(log: &str) -> Vec<i32> {
+    log.lines()
+        .filter_map(|l| l.split("helper process ").nth(1))
+        .filter_map(|rest| rest.strip_suffix(" started")?.parse().ok())
+        .collect()
+}
+
 /// Waits until the guardian `pid` has exited (gone, a zombie nobody reaped yet, or its pid
 /// taken by a process of another name), for at most `limit`; reaps it when it is our child.
 pub(crate) fn wait_gone(pid: i32, limit: Duration) -> Result<(), String> {
@@ -2312,6 +2317,28 @@ pub(crate) fn wait_gone(pid: i32, limit: Duration) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guardian_pids_come_from_the_plugins_start_lines() {
+        let log = "(00.001) cuda_plugin: helper process 4711 started\n\
+                   (00.002) cuda_plugin: helper process 12 started late\n\
+                   (00.003) cuda_plugin: helper process x started\n\
+                   (00.004) cuda_plugin: pid 9: restored\n\
+                   (00.005) cuda_plugin: helper process 99 started\n";
+        assert_eq!(guardian_pids(log), vec![4711, 99]);
+        assert!(guardian_pids("").is_empty());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn guardian_pid_parser_finds_every_start_line(pids in proptest::collection::vec(1i32.., 0..6), junk in "[ -~]{0,30}") {
+            let log: String = pids.iter().map(|p| format!("(00.1) cuda_plugin: helper process {p} started\n{junk}\n")).collect();
+            let got = guardian_pids(&log);
+            // Junk that itself reads as a start line may add pids, never drop one.
+            proptest::prop_assert!(pids.iter().all(|p| got.contains(p)));
+            let _ = guardian_pids(&junk);
+        }
+    }
 
     #[test]
     fn versions_sizes_and_statuses_are_never_taken_for_pids() {

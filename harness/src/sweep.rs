@@ -980,12 +980,8 @@ impl Run<'_> {
         // The plugin's guardian outlives the engine briefly (it puts back a tree the engine
         // resumed checkpointed, as after a failed post-dump script): the invariants are checked
         // once it is done. One still waiting for a hung call is left to its own bound.
-        for l in log_text.lines() {
-            if let Some(rest) = l.split("helper process ").nth(1) {
-                if let Some(pid) = rest.strip_suffix(" started").and_then(|p| p.parse().ok()) {
-                    let _ = crate::runner::wait_gone(pid, GUARDIAN_SETTLE);
-                }
-            }
+        for pid in crate::runner::guardian_pids(&log_text) {
+            let _ = crate::runner::wait_gone(pid, GUARDIAN_SETTLE);
         }
         Ok(StepResult {
             ok: status.success() && !killed,

@@ -983,9 +983,10 @@ impl Engine {
     /// per [`EngineConfig::on_restore_failure`].
     pub fn resume_devices_late(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         self.track_restore_tree(pid);
+        // One read of the task's pid namespace identity per call (see `image_pid`).
         let key = self.image_pid(pid);
         self.resumed.insert(key);
-        let r = self.resume_task(pid);
+        let r = self.resume_task(pid, key);
         if let Err(e) = &r {
             self.after_failed_restore(pid, e);
         }
@@ -1089,11 +1090,10 @@ impl Engine {
         keys
     }
 
-    /// What the dump recorded about `pid`: its restore thread and its initial state, or `None`
-    /// when it had no CUDA state.
-    fn dump_record(&mut self, pid: Pid) -> Result<Option<TaskImage>, EngineError> {
+    /// What the dump recorded about `pid` (named `key` in the images): its restore thread and
+    /// its initial state, or `None` when it had no CUDA state.
+    fn dump_record(&mut self, pid: Pid, key: Pid) -> Result<Option<TaskImage>, EngineError> {
         let step = Step::Resume;
-        let key = self.image_pid(pid);
         if let Some(list) = &self.cfg.restore_tasks {
             return Ok(list.get(&key).cloned());
         }
@@ -1110,17 +1110,18 @@ impl Engine {
         }
     }
 
-    fn resume_task(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
+    /// Restores the GPU state of `pid`, named `key` in the images ([`Engine::image_pid`]).
+    fn resume_task(&mut self, pid: Pid, key: Pid) -> Result<Outcome, EngineError> {
         let step = Step::Resume;
         let be = |cause| EngineError::Backend { step, pid, cause };
         let listed = self.cfg.restore_tasks.is_some();
-        let record = self.dump_record(pid)?;
+        let record = self.dump_record(pid, key)?;
         if listed && record.is_none() {
             return Ok(Outcome::NotMine); // the dump's task list says: no CUDA state
         }
         // A tree restored into a new pid namespace has new host pids and tids: the recorded
         // restore thread's tid names nothing then.
-        let same_pids = self.image_pid(pid) == pid;
+        let same_pids = key == pid;
         let (tid, initial) = match &record {
             Some(img) if same_pids && self.threads.thread_exists(pid, img.restore_tid) => {
                 (img.restore_tid, img.initial_state)

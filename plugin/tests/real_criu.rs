@@ -449,23 +449,7 @@ impl Case {
         reap();
         // The plugin's guardian outlives CRIU by design (it watches a dump's tasks until CRIU
         // has exited, then puts back any left checkpointed); it must end on its own, bounded.
-        let guardians = || -> Vec<i32> {
-            processes_with_env(&marker)
-                .into_iter()
-                .filter(|&p| {
-                    read(Path::new(&format!("/proc/{p}/comm"))).trim_end() == "cuda-guardian"
-                })
-                .collect()
-        };
-        let ended = wait_until(Duration::from_secs(90), || {
-            reap();
-            guardians().is_empty()
-        });
-        ensure!(
-            ended,
-            "the plugin's guardian still runs 90 s after CRIU: {:?}",
-            guardians()
-        );
+        wait_guardians(self)?;
         let strays: Vec<i32> = processes_with_env(&marker)
             .into_iter()
             .filter(|p| !self.pids.contains(p))
@@ -939,7 +923,7 @@ fn wait_guardians(c: &Case) -> R {
     });
     ensure!(
         done,
-        "the plugin's guardian still runs 90 s after CRIU died: {:?}",
+        "the plugin's guardian still runs 90 s after CRIU: {:?}",
         left()
     );
     Ok(())
