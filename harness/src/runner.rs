@@ -1475,7 +1475,7 @@ impl Exec<'_> {
                 self.cli_pids.insert(*caller);
             }
         }
-        calls
+        let lines: Vec<(i32, String)> = calls
             .iter()
             .map(|(pid, call)| {
                 let who = match self.procs.get(pid) {
@@ -1483,9 +1483,25 @@ impl Exec<'_> {
                     None if self.cli_pids.contains(pid) => "cuda-checkpoint",
                     None => "other",
                 };
-                format!("{who} {}", self.normalise(call))
+                (*pid, format!("{who} {}", self.normalise(call)))
             })
-            .collect()
+            .collect();
+        if self.parallel_mode() {
+            order_concurrent(lines, &self.cli_pids)
+        } else {
+            lines.into_iter().map(|(_, l)| l).collect()
+        }
+    }
+
+    /// Whether the scenario runs the plugin's parallel mode (`cuda_plugin.parallel=` other
+    /// than 1), whose concurrent driver calls and `cuda-checkpoint` runs land in the trace in
+    /// any order (see [`order_concurrent`]).
+    fn parallel_mode(&self) -> bool {
+        self.s.options.iter().any(|o| {
+            o.trim_start_matches('-')
+                .strip_prefix("cuda_plugin.parallel=")
+                .is_some_and(|v| v != "1")
+        })
     }
 
     /// Pids and tids to task names, paths and durations removed.
@@ -2270,6 +2286,79 @@ fn print_row(r: &Row) {
     );
 }
 
+/// Puts a parallel-mode driver trace in an order that does not depend on scheduling. Each
+/// `cuda-checkpoint` run's lines (`cli` names those processes; an unnamed `other` caller is
+/// taken for a run that never finished) become one block, placed where its first line was;
+/// any other line is a block of its own. Then every run of consecutive
+/// blocks of one kind (the utility's action, or the called function, with the caller) is
+/// sorted by its text: calls that ran side by side are listed by task name, while the order
+/// of the batch's phases (all checkpoints, then the rollback; all restores, then all unlocks)
+/// is kept.
+fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<String> {
+    let mut blocks: Vec<Vec<String>> = Vec::new();
+    let mut at: BTreeMap<i32, usize> = BTreeMap::new();
+    for (pid, line) in lines {
+        // A utility run that never got to its own line is not known as one: `other`.
+        if cli.contains(&pid) || line.starts_with("other ") {
+            if let Some(&b) = at.get(&pid) {
+                blocks[b].push(line);
+                continue;
+            }
+            at.insert(pid, blocks.len());
+        }
+        blocks.push(vec![line]);
+    }
+    // A utility run without its closing `cuda-checkpoint(...)` line (killed on timeout, or
+    // its target killed) has no kind of its own: it belongs with its neighbours.
+    let kind_of = |b: &[String]| -> Option<String> {
+        let head = match b.iter().find(|l| l.contains(" cuda-checkpoint(")) {
+            Some(h) => h,
+            None if b.len() > 1
+                || b[0].starts_with("cuda-checkpoint ")
+                || b[0].starts_with("other ") =>
+            {
+                return None
+            }
+            None => &b[0],
+        };
+        let (who, call) = head.split_once(' ').unwrap_or((head, ""));
+        let what = match call.strip_prefix("cuda-checkpoint(") {
+            Some(args) => args
+                .split_whitespace()
+                .take_while(|a| *a != "--pid")
+                .collect::<Vec<_>>()
+                .join(" "),
+            None => call.split('(').next().unwrap_or(call).to_owned(),
+        };
+        Some(format!("{who} {what}"))
+    };
+    let mut kinds: Vec<Option<String>> = blocks.iter().map(|b| kind_of(b)).collect();
+    for i in 1..kinds.len() {
+        if kinds[i].is_none() {
+            kinds[i] = kinds[i - 1].clone();
+        }
+    }
+    for i in (0..kinds.len().saturating_sub(1)).rev() {
+        if kinds[i].is_none() {
+            kinds[i] = kinds[i + 1].clone();
+        }
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < blocks.len() {
+        let k = &kinds[i];
+        let mut j = i + 1;
+        while j < blocks.len() && kinds[j] == *k {
+            j += 1;
+        }
+        let mut run: Vec<Vec<String>> = blocks[i..j].to_vec();
+        run.sort();
+        out.extend(run.into_iter().flatten());
+        i = j;
+    }
+    out
+}
+
 /// How long the plugin's guardian may outlive the CRIU run that started it: its own bound on
 /// watching CRIU (60 s) and on putting a task back, with room to spare.
 const GUARDIAN_LIMIT: Duration = Duration::from_secs(90);
@@ -2317,6 +2406,72 @@ pub(crate) fn wait_gone(pid: i32, limit: Duration) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_calls_are_listed_by_task_in_phase_order() {
+        let l = |p: i32, s: &str| (p, s.to_owned());
+        let cli: BTreeSet<i32> = [10, 11, 12].into_iter().collect();
+        // Two utility runs interleaved (12's handshake first), then a guardian's calls.
+        let got = order_concurrent(
+            vec![
+                l(12, "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS"),
+                l(11, "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS"),
+                l(
+                    11,
+                    "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g1) = CUDA_SUCCESS",
+                ),
+                l(
+                    12,
+                    "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g2) = CUDA_SUCCESS",
+                ),
+                l(
+                    12,
+                    "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g2) = exit=0",
+                ),
+                l(
+                    11,
+                    "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g1) = exit=0",
+                ),
+                l(
+                    10,
+                    "cuda-checkpoint cuda-checkpoint(--action restore --pid g1) = exit=0",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessUnlock(pid=g2) = CUDA_SUCCESS",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessUnlock(pid=g1) = CUDA_SUCCESS",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessGetState(pid=g3) = CUDA_SUCCESS",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessUnlock(pid=g0) = CUDA_SUCCESS",
+                ),
+            ],
+            &cli,
+        );
+        assert_eq!(
+            got,
+            vec![
+                "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
+                "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g1) = CUDA_SUCCESS",
+                "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g1) = exit=0",
+                "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
+                "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g2) = CUDA_SUCCESS",
+                "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g2) = exit=0",
+                "cuda-checkpoint cuda-checkpoint(--action restore --pid g1) = exit=0",
+                "guardian cuCheckpointProcessUnlock(pid=g1) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessUnlock(pid=g2) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessGetState(pid=g3) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessUnlock(pid=g0) = CUDA_SUCCESS",
+            ]
+        );
+    }
 
     #[test]
     fn guardian_pids_come_from_the_plugins_start_lines() {

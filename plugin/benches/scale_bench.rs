@@ -28,9 +28,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
-/// The driver path's modelled rate (`[rates] driver_gbps`, default), bytes/s.
-const DRIVER_RATE: f64 = 6e9;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "scale_bench",
@@ -113,11 +110,40 @@ impl Job {
         Ok(job)
     }
 
-    /// The modelled copy time of a dump (or a restore): every task's bytes at the driver rate,
-    /// tasks on one GPU sharing nothing but the host ceiling, done one after another.
+    /// The modelled copy time of a dump (or a restore) under the world's default rates: one
+    /// task's transfer after another, or with `parallel=` (N > 1 or auto) all of them at once
+    /// sharing the links and the host ceiling (`mock_cuda_world::rates::simulate`; `auto` and
+    /// N >= TASKS start every task together, smaller N is modelled as waves of N).
     fn modelled_copy(&self) -> Duration {
-        let bytes = self.gib * f64::from(1u32 << 30) * self.tasks as f64;
-        Duration::from_secs_f64(bytes / DRIVER_RATE / self.scale)
+        use mock_cuda_world::rates::{simulate, Limits};
+        let bytes = (self.gib * f64::from(1u32 << 30)) as u64;
+        let limits = Limits::of(&mock_cuda_world::config::RatesConfig::default());
+        let width = self
+            .options
+            .iter()
+            .find_map(|o| o.strip_prefix("cuda_plugin.parallel="))
+            .map_or(1, |w| {
+                if w == "auto" {
+                    16
+                } else {
+                    w.parse().unwrap_or(1)
+                }
+            })
+            .clamp(1, self.tasks.max(1));
+        let tasks: Vec<usize> = (0..self.tasks).collect();
+        let secs: f64 = tasks
+            .chunks(width)
+            .map(|wave| {
+                let transfers: Vec<Vec<(usize, u64)>> = wave
+                    .iter()
+                    .map(|&i| vec![(i % self.gpus.max(1), bytes)])
+                    .collect();
+                simulate(&transfers, &limits)
+                    .into_iter()
+                    .fold(0.0, f64::max)
+            })
+            .sum();
+        Duration::from_secs_f64(secs / self.scale)
     }
 }
 

@@ -22,7 +22,7 @@
 //! the rollback, like CRIU's C plugin: with `--leave-stopped` the tasks stay CHECKPOINTED.
 
 use crate::backend::{
-    op_deadline, Backend, BackendError, GpuPair, LockLimits, Op, Pid, Tid, LOCK_ABANDON_GRACE,
+    op_deadline, Backend, BackendError, GpuPair, Job, LockLimits, Op, Pid, Tid, LOCK_ABANDON_GRACE,
 };
 use crate::host::{FreezeAlarm, Host, HostError, Level};
 use crate::image::{ImageError, TaskImage};
@@ -195,6 +195,11 @@ pub struct EngineConfig {
     pub skip_capacity_check: bool,
     /// The copy rate (bytes/s) a checkpoint's or restore's deadline assumes; 0: the default.
     pub min_copy_rate: f64,
+    /// How many tasks' checkpoints (or restores) may run at once (`parallel=`): 0 or 1 is one
+    /// at a time, each inside its own hook call; more starts every task's work at the first
+    /// CHECKPOINT_DEVICES (or RESUME_DEVICES_LATE) call of CRIU's loop, at most this many at a
+    /// time (see [`Engine::checkpoint_devices`]).
+    pub parallel: usize,
 }
 
 impl EngineConfig {
@@ -295,6 +300,26 @@ pub struct Engine {
     /// Restore: the dump's tasks were all handed to the guardian (at the first
     /// RESUME_DEVICES_LATE).
     restore_tracked: bool,
+    /// Parallel mode, dump: each task's checkpoint result (its duration in ms), from the batch
+    /// the first CHECKPOINT_DEVICES started; taken by the task's own call.
+    checkpoint_batch: Option<BTreeMap<Pid, Result<u64, EngineError>>>,
+    /// Parallel mode, restore: each task's result, from the batch the first
+    /// RESUME_DEVICES_LATE started; taken by the task's own call.
+    restore_batch: Option<BTreeMap<Pid, Result<Outcome, EngineError>>>,
+    /// A batch ran in the current hook call (see [`Engine::take_batch_ran`]).
+    batch_ran: bool,
+}
+
+/// What restoring one task involves, once its records are read (see [`Engine::plan_resume`]).
+#[derive(Debug, Clone)]
+struct ResumePlan {
+    pid: Pid,
+    tid: Tid,
+    initial: CUprocessState,
+    bytes: Option<u64>,
+    deadline: Option<Duration>,
+    /// How long its checkpoint took, when the dump recorded it.
+    checkpoint_ms: Option<u64>,
 }
 
 impl fmt::Debug for Engine {
@@ -363,7 +388,21 @@ impl Engine {
             guard: None,
             guard_failed: false,
             restore_tracked: false,
+            checkpoint_batch: None,
+            restore_batch: None,
+            batch_ran: false,
         }
+    }
+
+    /// Whether the hook call just made ran a parallel batch (every task's work), and resets
+    /// it: such a call took the batch's time even when its own task was not a CUDA task.
+    pub fn take_batch_ran(&mut self) -> bool {
+        std::mem::take(&mut self.batch_ran)
+    }
+
+    /// How many of `n` tasks' calls run at once in parallel mode; 1 (or 0) is sequential mode.
+    fn width(&self, n: usize) -> usize {
+        self.cfg.parallel.min(n).max(1)
     }
 
     /// Tells `guard`, before every state change, what is about to happen.
@@ -727,13 +766,23 @@ impl Engine {
     /// CHECKPOINT_DEVICES: the whole tree is ptrace-stopped.
     pub fn checkpoint_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         let step = Step::Checkpoint;
+        if self.cfg.parallel > 1 && self.checkpoint_batch.is_none() {
+            // CRIU calls CHECKPOINT_DEVICES for every task in one loop with the whole tree
+            // frozen (criu/seize.c, checkpoint_devices): the first call starts them all.
+            let batch = self.checkpoint_batch_run();
+            self.checkpoint_batch = Some(batch);
+            self.batch_ran = true;
+        }
         let Some(i) = self.index(pid) else {
             return Ok(Outcome::NotMine);
         };
         let rec = self.tasks[i].clone();
         let gpu_bytes = self.task_bytes(pid);
         let mut checkpoint_ms = None;
-        if rec.initial != CUprocessState::CHECKPOINTED {
+        let batched = self.checkpoint_batch.as_mut().and_then(|b| b.remove(&pid));
+        if let Some(done) = batched {
+            checkpoint_ms = Some(done?);
+        } else if rec.initial != CUprocessState::CHECKPOINTED {
             let known = self
                 .sizes
                 .snapshot
@@ -785,6 +834,65 @@ impl Engine {
         }
         self.log(Level::Info, &format!("pid {pid}: checkpointed"));
         Ok(Outcome::Handled)
+    }
+
+    /// Parallel mode: checkpoints every task of the dump that is not checkpointed yet, at most
+    /// [`EngineConfig::parallel`] at a time: resume each restore thread (from CRIU's thread, the
+    /// tracer), run the checkpoints together ([`Backend::checkpoint_many`]), stop each thread
+    /// again exactly as CRIU left it. Each task's result waits for its own CHECKPOINT_DEVICES
+    /// call; a task whose thread could not be resumed has nothing started. Should CRIU stop
+    /// calling (another task failed), the tasks checkpointed here are put back by the dump's
+    /// rollback like any other (they are marked `checkpointed_by_us`).
+    fn checkpoint_batch_run(&mut self) -> BTreeMap<Pid, Result<u64, EngineError>> {
+        let step = Step::Checkpoint;
+        let mut results = BTreeMap::new();
+        let mut running = Vec::new();
+        for i in 0..self.tasks.len() {
+            let rec = self.tasks[i].clone();
+            if rec.initial == CUprocessState::CHECKPOINTED {
+                continue;
+            }
+            let pid = rec.pid;
+            let known = self
+                .sizes
+                .snapshot
+                .is_some()
+                .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
+            let deadline = self.copy_deadline(step, pid, known);
+            match self.resume_thread(step, pid, rec.restore_tid) {
+                Ok(resumed) => {
+                    self.tasks[i].checkpointed_by_us = true;
+                    self.guard_note(|g| g.intent(pid, Op::Checkpoint));
+                    running.push((Job { pid, deadline }, resumed));
+                }
+                Err(e) => {
+                    results.insert(pid, Err(e));
+                }
+            }
+        }
+        if running.is_empty() {
+            return results;
+        }
+        let jobs: Vec<Job> = running.iter().map(|(j, _)| *j).collect();
+        let width = self.width(jobs.len());
+        self.log(
+            Level::Info,
+            &format!(
+                "{step}: checkpointing {} task(s), {width} at a time (parallel mode)",
+                jobs.len()
+            ),
+        );
+        let done = self.backend.checkpoint_many(&jobs, width);
+        for ((job, resumed), (r, took)) in running.into_iter().zip(done) {
+            let pid = job.pid;
+            let stopped = self.threads.restop(resumed);
+            let r = r
+                .map_err(|cause| EngineError::Backend { step, pid, cause })
+                .and_then(|()| stopped.map_err(|cause| EngineError::Thread { step, pid, cause }))
+                .map(|()| u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+            results.insert(pid, r);
+        }
+        results
     }
 
     /// Writes the GPU inventory image, once per dump (with the first checkpointed task). When
@@ -983,10 +1091,21 @@ impl Engine {
     /// per [`EngineConfig::on_restore_failure`].
     pub fn resume_devices_late(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         self.track_restore_tree(pid);
+        if self.cfg.parallel > 1 && self.restore_batch.is_none() {
+            // CRIU calls RESUME_DEVICES_LATE for every restored task in one loop before it
+            // releases them (criu/cr-restore.c, restore_root_task): the first call starts all.
+            let batch = self.restore_batch_run(pid);
+            self.restore_batch = Some(batch);
+            self.batch_ran = true;
+        }
         // One read of the task's pid namespace identity per call (see `image_pid`).
         let key = self.image_pid(pid);
         self.resumed.insert(key);
-        let r = self.resume_task(pid, key);
+        let batched = self.restore_batch.as_mut().and_then(|b| b.remove(&pid));
+        let r = match batched {
+            Some(r) => r,
+            None => self.resume_task(pid, key),
+        };
         if let Err(e) = &r {
             self.after_failed_restore(pid, e);
         }
@@ -1110,14 +1229,20 @@ impl Engine {
         }
     }
 
-    /// Restores the GPU state of `pid`, named `key` in the images ([`Engine::image_pid`]).
-    fn resume_task(&mut self, pid: Pid, key: Pid) -> Result<Outcome, EngineError> {
+    /// What restoring `pid` (named `key` in the images, [`Engine::image_pid`]) involves: its
+    /// restore thread, its dump-time state and its deadline; or the outcome when there is
+    /// nothing to restore (not a CUDA task, or one the dump left checkpointed).
+    fn plan_resume(
+        &mut self,
+        pid: Pid,
+        key: Pid,
+    ) -> Result<Result<ResumePlan, Outcome>, EngineError> {
         let step = Step::Resume;
         let be = |cause| EngineError::Backend { step, pid, cause };
         let listed = self.cfg.restore_tasks.is_some();
         let record = self.dump_record(pid, key)?;
         if listed && record.is_none() {
-            return Ok(Outcome::NotMine); // the dump's task list says: no CUDA state
+            return Ok(Err(Outcome::NotMine)); // the dump's task list says: no CUDA state
         }
         // A tree restored into a new pid namespace has new host pids and tids: the recorded
         // restore thread's tid names nothing then.
@@ -1134,7 +1259,7 @@ impl Engine {
                         .map_or(CUprocessState::RUNNING, |r| r.initial_state),
                 ),
                 None if listed => return Err(EngineError::NoRestoreThread { pid }),
-                None => return Ok(Outcome::NotMine),
+                None => return Ok(Err(Outcome::NotMine)),
             },
         };
         if initial == CUprocessState::CHECKPOINTED {
@@ -1142,24 +1267,35 @@ impl Engine {
                 Level::Info,
                 &format!("pid {pid} was already checkpointed at dump time; leaving it so"),
             );
-            return Ok(Outcome::Handled);
+            return Ok(Err(Outcome::Handled));
         }
         let bytes = record.as_ref().and_then(TaskImage::total_bytes);
         let deadline = self.copy_deadline(step, pid, bytes);
+        Ok(Ok(ResumePlan {
+            pid,
+            tid,
+            initial,
+            bytes,
+            deadline,
+            checkpoint_ms: record.as_ref().and_then(|r| r.checkpoint_ms),
+        }))
+    }
+
+    /// Tells the guardian what is about to happen to `plan`'s task and resumes its restore
+    /// thread.
+    fn start_resume(&mut self, plan: &ResumePlan) -> Result<crate::thread::Resumed, EngineError> {
+        let pid = plan.pid;
         let pairs = self.cfg.pairs.clone();
+        let (initial, bytes) = (plan.initial, plan.bytes);
         self.guard_note(|g| g.track(pid, initial, bytes, &pairs));
         self.guard_note(|g| g.intent(pid, Op::Restore));
-        let resumed = self.resume_thread(step, pid, tid)?;
-        let started = std::time::Instant::now();
-        let mut done = self.backend.restore(pid, &pairs, deadline).map_err(be);
-        let restore_ms = started.elapsed().as_millis();
-        if done.is_ok() && initial == CUprocessState::RUNNING {
-            done = self.backend.unlock(pid).map_err(be);
-        }
-        let stopped = self.threads.restop(resumed);
-        done?;
-        stopped.map_err(|cause| EngineError::Thread { step, pid, cause })?;
-        let size = match (bytes, record.as_ref().and_then(|r| r.checkpoint_ms)) {
+        self.resume_thread(Step::Resume, pid, plan.tid)
+    }
+
+    /// Logs a restored task and tells the guardian it is in its final state.
+    fn resumed_log(&mut self, plan: &ResumePlan, restore_ms: u128) {
+        let pid = plan.pid;
+        let size = match (plan.bytes, plan.checkpoint_ms) {
             (Some(b), Some(c)) => format!(
                 " ({} in {restore_ms} ms; its checkpoint took {c} ms)",
                 crate::nvml::gib(b)
@@ -1171,7 +1307,7 @@ impl Engine {
             Level::Info,
             &format!(
                 "pid {pid}: restored, now {}{size}",
-                if initial == CUprocessState::RUNNING {
+                if plan.initial == CUprocessState::RUNNING {
                     "running"
                 } else {
                     "locked"
@@ -1180,7 +1316,106 @@ impl Engine {
         );
         // In its final state: nothing for the guardian to finish should CRIU die now.
         self.guard_note(|g| g.untrack(pid));
+    }
+
+    /// Restores the GPU state of `pid`, named `key` in the images ([`Engine::image_pid`]).
+    fn resume_task(&mut self, pid: Pid, key: Pid) -> Result<Outcome, EngineError> {
+        let step = Step::Resume;
+        let be = |cause| EngineError::Backend { step, pid, cause };
+        let plan = match self.plan_resume(pid, key)? {
+            Ok(plan) => plan,
+            Err(outcome) => return Ok(outcome),
+        };
+        let resumed = self.start_resume(&plan)?;
+        let started = std::time::Instant::now();
+        let pairs = self.cfg.pairs.clone();
+        let mut done = self.backend.restore(pid, &pairs, plan.deadline).map_err(be);
+        let restore_ms = started.elapsed().as_millis();
+        if done.is_ok() && plan.initial == CUprocessState::RUNNING {
+            done = self.backend.unlock(pid).map_err(be);
+        }
+        let stopped = self.threads.restop(resumed);
+        done?;
+        stopped.map_err(|cause| EngineError::Thread { step, pid, cause })?;
+        self.resumed_log(&plan, restore_ms);
         Ok(Outcome::Handled)
+    }
+
+    /// Parallel mode: restores every task of the restored tree under `root` (the first
+    /// RESUME_DEVICES_LATE's task) that the dump recorded, at most [`EngineConfig::parallel`]
+    /// at a time: plan each, resume each restore thread, run the restores together, then the
+    /// unlocks of the tasks that were running at dump time, and stop each thread again. Each
+    /// task's result waits for its own RESUME_DEVICES_LATE call.
+    fn restore_batch_run(&mut self, root: Pid) -> BTreeMap<Pid, Result<Outcome, EngineError>> {
+        let step = Step::Resume;
+        let mut results = BTreeMap::new();
+        let mut running = Vec::new();
+        for p in self.host.tree(root) {
+            let key = self.image_pid(p);
+            let plan = match self.plan_resume(p, key) {
+                Ok(Ok(plan)) => plan,
+                Ok(Err(outcome)) => {
+                    results.insert(p, Ok(outcome));
+                    continue;
+                }
+                Err(e) => {
+                    results.insert(p, Err(e));
+                    continue;
+                }
+            };
+            match self.start_resume(&plan) {
+                Ok(resumed) => running.push((plan, resumed)),
+                Err(e) => {
+                    results.insert(p, Err(e));
+                }
+            }
+        }
+        if running.is_empty() {
+            return results;
+        }
+        let jobs: Vec<Job> = running
+            .iter()
+            .map(|(plan, _)| Job {
+                pid: plan.pid,
+                deadline: plan.deadline,
+            })
+            .collect();
+        let width = self.width(jobs.len());
+        self.log(
+            Level::Info,
+            &format!(
+                "{step}: restoring {} task(s), {width} at a time (parallel mode)",
+                jobs.len()
+            ),
+        );
+        let pairs = self.cfg.pairs.clone();
+        let restored = self.backend.restore_many(&jobs, &pairs, width);
+        let mut outcome: Vec<(Result<(), BackendError>, u128)> = restored
+            .into_iter()
+            .map(|(r, took)| (r, took.as_millis()))
+            .collect();
+        let unlock: Vec<usize> = (0..running.len())
+            .filter(|&k| outcome[k].0.is_ok() && running[k].0.initial == CUprocessState::RUNNING)
+            .collect();
+        let pids: Vec<Pid> = unlock.iter().map(|&k| running[k].0.pid).collect();
+        if !pids.is_empty() {
+            let unlocked = self.backend.unlock_many(&pids, self.width(pids.len()));
+            for (&k, (r, _)) in unlock.iter().zip(unlocked) {
+                outcome[k].0 = r;
+            }
+        }
+        for ((plan, resumed), (r, restore_ms)) in running.into_iter().zip(outcome) {
+            let pid = plan.pid;
+            let stopped = self.threads.restop(resumed);
+            let r = r
+                .map_err(|cause| EngineError::Backend { step, pid, cause })
+                .and_then(|()| stopped.map_err(|cause| EngineError::Thread { step, pid, cause }));
+            if r.is_ok() {
+                self.resumed_log(&plan, restore_ms);
+            }
+            results.insert(pid, r.map(|()| Outcome::Handled));
+        }
+        results
     }
 
     /// `exit(RESTORE, ret)`: reports every task of the dump's task list that CRIU never called

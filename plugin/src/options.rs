@@ -108,6 +108,51 @@ impl fmt::Display for RestoreFailure {
     }
 }
 
+/// `parallel=auto|N`: how many tasks' checkpoints (and restores) run at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Parallel {
+    /// `parallel=N` (1 to [`Parallel::MAX`]); 1 is one task at a time, each inside its own
+    /// hook call.
+    Width(u32),
+    /// `parallel=auto`: one per task, up to [`Parallel::AUTO_CAP`].
+    Auto,
+    /// Nothing given: one at a time.
+    #[default]
+    Unset,
+}
+
+impl Parallel {
+    /// The most tasks `auto` runs at once: a host has at most 8 GPUs in the common case (16
+    /// on the largest systems), and a task per GPU is the shape of a tensor-parallel job.
+    pub const AUTO_CAP: u32 = 16;
+    /// The largest `parallel=N`.
+    pub const MAX: u32 = 64;
+    const ALLOWED: &'static str = "auto, or a whole number from 1 to 64 (1 = one task at a time)";
+
+    /// How many tasks' calls may run at once.
+    #[must_use]
+    pub fn width(self) -> usize {
+        match self {
+            Parallel::Width(n) => n as usize,
+            Parallel::Auto => Parallel::AUTO_CAP as usize,
+            Parallel::Unset => 1,
+        }
+    }
+
+    fn parse(v: &str) -> Option<Self> {
+        if v == "auto" {
+            return Some(Parallel::Auto);
+        }
+        if v.is_empty() || v.len() > 2 || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let n: u32 = v.parse().ok()?;
+        (1..=Parallel::MAX)
+            .contains(&n)
+            .then_some(Parallel::Width(n))
+    }
+}
+
 /// `timeout=SECONDS`: absent means "follow CRIU's `--timeout`, else 10 s".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeoutOption {
@@ -138,6 +183,8 @@ pub struct Options {
     pub min_copy_rate: Option<CopyRate>,
     /// `guardian=off`: no helper process (default on; see [`crate::agent`]).
     pub no_guardian: bool,
+    /// `parallel=` (default: one task at a time).
+    pub parallel: Parallel,
 }
 
 /// A copy rate in GB/s, as given (kept as text so that rendering round-trips).
@@ -222,6 +269,11 @@ impl Options {
             "{NAMESPACE}.guardian={}",
             if self.no_guardian { "off" } else { "on" }
         ));
+        match self.parallel {
+            Parallel::Auto => out.push(format!("{NAMESPACE}.parallel=auto")),
+            Parallel::Width(n) => out.push(format!("{NAMESPACE}.parallel={n}")),
+            Parallel::Unset => {}
+        }
         out
     }
 }
@@ -231,7 +283,7 @@ impl Options {
 pub enum OptionError {
     #[error(
         "unknown option {NAMESPACE}.{} (known: backend, device-map, timeout, cuda-checkpoint, \
-         on-restore-failure, check-capacity, min-copy-rate, guardian)",
+         on-restore-failure, check-capacity, min-copy-rate, guardian, parallel)",
         crate::message::quote(name)
     )]
     Unknown { name: String },
@@ -261,7 +313,7 @@ pub struct OptionDoc {
 }
 
 /// Every option, for tools that list plugin options without loading the plugin's `init`.
-pub const DOCS: [OptionDoc; 8] = [
+pub const DOCS: [OptionDoc; 9] = [
     OptionDoc {
         name: c"backend",
         value_syntax: c"auto|driver-api|cuda-checkpoint",
@@ -309,6 +361,12 @@ pub const DOCS: [OptionDoc; 8] = [
         value_syntax: c"on|off",
         default_value: Some(c"on"),
         help: c"a helper process, started at init, runs the driver calls (CRIU stays single-threaded) and, if CRIU dies mid-operation, puts every CUDA task it touched back in its dump-start state (log: cuda-plugin-guardian.log in the image directory); off: driver calls run on threads inside CRIU and nothing guards the tasks",
+    },
+    OptionDoc {
+        name: c"parallel",
+        value_syntax: c"auto|N",
+        default_value: Some(c"1"),
+        help: c"how many tasks' checkpoints and restores run at once: N > 1 or auto (one per task, at most 16) starts every task's copy at CRIU's first CHECKPOINT_DEVICES / RESUME_DEVICES_LATE call, so the GPUs of a multi-GPU job copy side by side; each task's call still returns its own result, and a failure rolls every task back as in one-at-a-time mode (needs the guardian for the driver API; with guardian=off driver calls stay one at a time)",
     },
 ];
 
@@ -425,6 +483,10 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, Opt
             "min-copy-rate" => {
                 let v = need(RATE_ALLOWED)?;
                 o.min_copy_rate = Some(CopyRate::parse(v).ok_or_else(|| invalid(RATE_ALLOWED, v))?);
+            }
+            "parallel" => {
+                let v = need(Parallel::ALLOWED)?;
+                o.parallel = Parallel::parse(v).ok_or_else(|| invalid(Parallel::ALLOWED, v))?;
             }
             "guardian" => {
                 let v = need(ONOFF_ALLOWED)?;
@@ -599,17 +661,25 @@ mod tests {
             any::<bool>(),
             proptest::option::of("[1-9][0-9]{0,3}(\\.[0-9]{1,3})?"),
             any::<bool>(),
+            prop_oneof![
+                Just(Parallel::Unset),
+                Just(Parallel::Auto),
+                (1u32..=Parallel::MAX).prop_map(Parallel::Width)
+            ],
         )
             .prop_map(
-                |(backend, device_map, timeout, cc, orf, skip, rate, no_guardian)| Options {
-                    backend,
-                    device_map,
-                    timeout,
-                    cuda_checkpoint: cc.map(PathBuf::from),
-                    on_restore_failure: orf,
-                    skip_capacity_check: skip,
-                    min_copy_rate: rate.map(CopyRate),
-                    no_guardian,
+                |(backend, device_map, timeout, cc, orf, skip, rate, no_guardian, parallel)| {
+                    Options {
+                        backend,
+                        device_map,
+                        timeout,
+                        cuda_checkpoint: cc.map(PathBuf::from),
+                        on_restore_failure: orf,
+                        skip_capacity_check: skip,
+                        min_copy_rate: rate.map(CopyRate),
+                        no_guardian,
+                        parallel,
+                    }
                 },
             )
     }
@@ -660,8 +730,47 @@ mod tests {
     }
 
     #[test]
+    fn parallel_takes_auto_or_a_width() {
+        assert_eq!(
+            Options::default().parallel.width(),
+            1,
+            "one at a time by default"
+        );
+        let o = parse(["cuda_plugin.parallel=auto"]).unwrap();
+        assert_eq!(o.parallel, Parallel::Auto);
+        assert_eq!(o.parallel.width(), 16);
+        assert_eq!(
+            parse(["cuda_plugin.parallel=8"]).unwrap().parallel.width(),
+            8
+        );
+        assert_eq!(
+            parse(["cuda_plugin.parallel=1"]).unwrap().parallel.width(),
+            1
+        );
+        for bad in ["0", "65", "-1", "", "two", "+4", "08x", "100"] {
+            let e = parse([format!("cuda_plugin.parallel={bad}").as_str()]).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("auto, or a whole number from 1 to 64"),
+                "parallel={bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn published_option_metadata_names_exactly_the_parsed_options() {
-        let samples = ["auto", "0=0", "5", "/bin/true", "leave", "off", "2.5"];
+        let samples = [
+            "auto",
+            "0=0",
+            "5",
+            "/bin/true",
+            "leave",
+            "off",
+            "2.5",
+            "on",
+            "auto",
+        ];
+        assert_eq!(samples.len(), DOCS.len());
         for (doc, value) in DOCS.iter().zip(samples) {
             let name = doc.name.to_str().unwrap();
             let arg = format!("--cuda_plugin.{name}={value}");

@@ -277,6 +277,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
                 .min_copy_rate
                 .as_ref()
                 .map_or(0.0, crate::options::CopyRate::bytes_per_second),
+            parallel: options.parallel.width(),
         },
         options,
         notes,

@@ -2,7 +2,9 @@
 //! `cuda-checkpoint` runs) and on restore-thread control (ptrace), measured by wrapping the two
 //! seams. The rest of a hook is the plugin's own work (bookkeeping, image files, logging).
 
-use crate::backend::{Backend, BackendError, BackendKind, GpuPair, LockLimits, Pid, Tid};
+use crate::backend::{
+    Backend, BackendError, BackendKind, GpuPair, Job, JobResult, LockLimits, Pid, Tid,
+};
 use crate::thread::{Resumed, ThreadControl, ThreadError};
 use abi::CUprocessState;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -88,6 +90,15 @@ impl Backend for TimedBackend {
     }
     fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
         self.timed(|b| b.unlock(pid))
+    }
+    fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
+        self.timed(|b| b.checkpoint_many(jobs, width))
+    }
+    fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+        self.timed(|b| b.restore_many(jobs, pairs, width))
+    }
+    fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
+        self.timed(|b| b.unlock_many(pids, width))
     }
     fn executions(&self) -> Option<usize> {
         self.inner.executions()

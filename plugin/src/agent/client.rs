@@ -190,7 +190,18 @@ impl Link {
         what: &str,
         deadline: Option<Duration>,
     ) -> Result<Reply, CallError> {
-        let started = Instant::now();
+        self.wait_since(id, what, deadline, Instant::now())
+    }
+
+    /// [`Link::wait`] with the deadline counted from `started` (when the call was submitted),
+    /// for calls of a batch that were waited for one after another.
+    fn wait_since(
+        &self,
+        id: Ticket,
+        what: &str,
+        deadline: Option<Duration>,
+        started: Instant,
+    ) -> Result<Reply, CallError> {
         let mut st = self.st();
         loop {
             if let Some(r) = st.replies.remove(&id) {
@@ -276,6 +287,15 @@ impl Link {
     }
 }
 
+fn driver_reply(r: Reply) -> Result<DriverReply, CallError> {
+    match r {
+        Reply::Driver(r) => Ok(r),
+        other => Err(CallError::Lost(format!(
+            "it answered {other:?} to a driver call"
+        ))),
+    }
+}
+
 impl DriverExec for Link {
     fn exec(
         &self,
@@ -283,12 +303,51 @@ impl DriverExec for Link {
         call: DriverCall,
         deadline: Option<Duration>,
     ) -> Result<DriverReply, CallError> {
-        match self.call(what, Call::Driver(call), deadline)? {
-            Reply::Driver(r) => Ok(r),
-            other => Err(CallError::Lost(format!(
-                "it answered {other:?} to a driver call"
-            ))),
+        driver_reply(self.call(what, Call::Driver(call), deadline)?)
+    }
+
+    /// Keeps up to `width` calls in flight in the helper (which runs each on a thread of its
+    /// own), submitting the next as the oldest is answered; each call's deadline counts from
+    /// its own submission. A call abandoned on timeout makes the calls not yet submitted fail
+    /// as busy (the rule of [`Link::submit`]); those already in flight go on.
+    fn exec_many(
+        &self,
+        calls: Vec<(String, DriverCall, Option<Duration>)>,
+        width: usize,
+    ) -> Vec<Result<DriverReply, CallError>> {
+        let width = width.max(1);
+        let mut out: Vec<Option<Result<DriverReply, CallError>>> =
+            std::iter::repeat_with(|| None).take(calls.len()).collect();
+        let mut flight: std::collections::VecDeque<(
+            usize,
+            String,
+            Option<Duration>,
+            Ticket,
+            Instant,
+        )> = std::collections::VecDeque::new();
+        let mut todo = calls.into_iter().enumerate();
+        loop {
+            while flight.len() < width {
+                let Some((i, (what, call, deadline))) = todo.next() else {
+                    break;
+                };
+                let started = Instant::now();
+                match self.submit(Call::Driver(call), deadline) {
+                    Ok(id) => flight.push_back((i, what, deadline, id, started)),
+                    Err(e) => out[i] = Some(Err(e)),
+                }
+            }
+            let Some((i, what, deadline, id, started)) = flight.pop_front() else {
+                break;
+            };
+            out[i] = Some(
+                self.wait_since(id, &what, deadline, started)
+                    .and_then(driver_reply),
+            );
         }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(CallError::Lost("never submitted".to_owned()))))
+            .collect()
     }
 
     fn blocked(&self) -> Option<String> {

@@ -16,8 +16,8 @@
 //! needs `--device-map` (r580+).
 
 use super::{
-    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, ExitInfo, GpuPair,
-    LockLimits, Op, Pid, Tid,
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, ExitInfo, GpuPair, Job,
+    JobResult, LockLimits, Op, Pid, Tid,
 };
 use abi::CUprocessState;
 use std::collections::HashMap;
@@ -68,6 +68,20 @@ pub trait CommandRunner: Send {
         args: &[String],
         deadline: Option<Duration>,
     ) -> Result<RunOutput, RunError>;
+    /// Runs `program` once per `(args, deadline)`, at most `width` runs at a time, each bounded
+    /// by its own deadline from its own start; one result per run, in order. The default runs
+    /// them one after another.
+    fn run_many(
+        &mut self,
+        program: &Path,
+        runs: &[(Vec<String>, Option<Duration>)],
+        width: usize,
+    ) -> Vec<Result<RunOutput, RunError>> {
+        let _ = width;
+        runs.iter()
+            .map(|(args, deadline)| self.run(program, args, *deadline))
+            .collect()
+    }
 }
 
 /// How long a run's output may stay open after the utility exited, when the deadline allows
@@ -79,21 +93,36 @@ pub const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// pipe for both output streams, waited for on the calling thread (see [`crate::ffi::spawn`]).
 /// The variables that would hide or reorder GPUs in the utility's view
 /// ([`crate::ffi::cuda::VIEW_VARIABLES`]) are removed from its environment: device maps and the
-/// inventory speak of every GPU in the driver's order.
+/// inventory speak of every GPU in the driver's order. Several runs at once
+/// ([`CommandRunner::run_many`]) are waited for together, with one `poll` over all of them: no
+/// thread is started.
 #[derive(Debug, Default)]
 pub struct ProcessRunner;
 
-impl CommandRunner for ProcessRunner {
-    fn run(
-        &mut self,
+/// One run in progress: the child, its output so far, and its deadline.
+struct Running {
+    child: std::process::Child,
+    reader: std::fs::File,
+    pidfd: Option<std::os::fd::OwnedFd>,
+    pgid: u32,
+    start: Instant,
+    deadline: Option<Duration>,
+    output: Vec<u8>,
+    eof: bool,
+    status: Option<std::process::ExitStatus>,
+    exited_at: Option<Instant>,
+    pause: Duration,
+}
+
+impl Running {
+    fn start(
         program: &Path,
         args: &[String],
         deadline: Option<Duration>,
-    ) -> Result<RunOutput, RunError> {
+    ) -> Result<Self, RunError> {
         use crate::ffi::spawn;
-        use std::os::fd::AsFd;
         let start = Instant::now();
-        let (mut reader, writer) = spawn::pipe().map_err(RunError::Spawn)?;
+        let (reader, writer) = spawn::pipe().map_err(RunError::Spawn)?;
         let writer2 = writer.try_clone().map_err(RunError::Spawn)?;
         let mut cmd = Command::new(program);
         cmd.args(args)
@@ -104,80 +133,183 @@ impl CommandRunner for ProcessRunner {
             cmd.env_remove(v);
         }
         spawn::prepare_child(&mut cmd, std::process::id());
-        let mut child = cmd.spawn().map_err(RunError::Spawn)?;
+        let child = cmd.spawn().map_err(RunError::Spawn)?;
         // Our copies of the write end must go, or the reader never sees EOF.
         drop(cmd);
         let pgid = child.id();
         let pidfd = spawn::pidfd_open(child.id()).ok();
-        let mut output = Vec::new();
-        let mut eof = false;
-        let mut status = None;
-        let mut exited_at = None;
-        let mut pause = Duration::from_micros(500);
-        let fail = |child: &mut std::process::Child, e: RunError| {
-            spawn::kill_group(pgid);
-            let _ = child.wait();
-            Err(e)
-        };
-        loop {
-            if !eof {
-                match drain(&mut reader, &mut output) {
-                    Ok(e) => eof = e,
-                    Err(e) => return fail(&mut child, RunError::Wait(e)),
-                }
-            }
-            if status.is_none() {
-                match child.try_wait() {
-                    Ok(Some(st)) => {
-                        status = Some(st);
-                        exited_at = Some(Instant::now());
-                    }
-                    Ok(None) => {}
-                    Err(e) => return fail(&mut child, RunError::Wait(e)),
-                }
-            }
-            if let (true, Some(st)) = (eof, status) {
-                return Ok(RunOutput {
-                    status: exit_info(st),
-                    output: String::from_utf8_lossy(&output).into_owned(),
-                });
-            }
-            let now = Instant::now();
-            let mut left = deadline.map(|d| (start + d).saturating_duration_since(now));
-            if let Some(at) = exited_at {
-                let after = (at + OUTPUT_AFTER_EXIT).saturating_duration_since(now);
-                left = Some(left.map_or(after, |l| l.min(after)));
-            }
-            if left == Some(Duration::ZERO) {
-                let e = match (status, exited_at) {
-                    (Some(st), Some(at)) => RunError::OutputHeld {
-                        status: exit_info(st),
-                        waited: now.saturating_duration_since(at),
-                    },
-                    _ => RunError::TimedOut(deadline.unwrap_or_default()),
-                };
-                return fail(&mut child, e);
-            }
-            let mut fds = Vec::with_capacity(2);
-            if !eof {
-                fds.push(reader.as_fd());
-            }
-            let wait = match (&pidfd, status) {
-                (Some(p), None) => {
-                    fds.push(p.as_fd());
-                    left.unwrap_or(Duration::from_secs(3600))
-                }
-                // No pidfd (Linux < 5.3): look at the child again soon.
-                (None, None) => {
-                    pause = (pause * 2).min(Duration::from_millis(20));
-                    left.map_or(pause, |l| l.min(pause))
-                }
-                (_, Some(_)) => left.unwrap_or(Duration::from_secs(3600)),
-            };
-            if let Err(e) = spawn::wait_readable(&fds, wait) {
-                return fail(&mut child, RunError::Wait(e));
+        Ok(Running {
+            child,
+            reader,
+            pidfd,
+            pgid,
+            start,
+            deadline,
+            output: Vec::new(),
+            eof: false,
+            status: None,
+            exited_at: None,
+            pause: Duration::from_micros(500),
+        })
+    }
+
+    /// Kills the run's process group, reaps the child and returns `e`.
+    fn fail(&mut self, e: RunError) -> Result<RunOutput, RunError> {
+        crate::ffi::spawn::kill_group(self.pgid);
+        let _ = self.child.wait();
+        Err(e)
+    }
+
+    /// Reads what there is and looks at the child, without blocking. The run's result once it
+    /// is over (exited with its output closed, or out of time: then killed and reaped); else
+    /// how long at most to wait on [`Running::fds`] before looking again.
+    fn step(&mut self) -> Result<Result<RunOutput, RunError>, Duration> {
+        if !self.eof {
+            match drain(&mut self.reader, &mut self.output) {
+                Ok(e) => self.eof = e,
+                Err(e) => return Ok(self.fail(RunError::Wait(e))),
             }
         }
+        if self.status.is_none() {
+            match self.child.try_wait() {
+                Ok(Some(st)) => {
+                    self.status = Some(st);
+                    self.exited_at = Some(Instant::now());
+                }
+                Ok(None) => {}
+                Err(e) => return Ok(self.fail(RunError::Wait(e))),
+            }
+        }
+        if let (true, Some(st)) = (self.eof, self.status) {
+            return Ok(Ok(RunOutput {
+                status: exit_info(st),
+                output: String::from_utf8_lossy(&self.output).into_owned(),
+            }));
+        }
+        let now = Instant::now();
+        let mut left = self
+            .deadline
+            .map(|d| (self.start + d).saturating_duration_since(now));
+        if let Some(at) = self.exited_at {
+            let after = (at + OUTPUT_AFTER_EXIT).saturating_duration_since(now);
+            left = Some(left.map_or(after, |l| l.min(after)));
+        }
+        if left == Some(Duration::ZERO) {
+            let e = match (self.status, self.exited_at) {
+                (Some(st), Some(at)) => RunError::OutputHeld {
+                    status: exit_info(st),
+                    waited: now.saturating_duration_since(at),
+                },
+                _ => RunError::TimedOut(self.deadline.unwrap_or_default()),
+            };
+            return Ok(self.fail(e));
+        }
+        let wait = match (&self.pidfd, self.status) {
+            (Some(_), None) => left.unwrap_or(Duration::from_secs(3600)),
+            // No pidfd (Linux < 5.3): look at the child again soon.
+            (None, None) => {
+                self.pause = (self.pause * 2).min(Duration::from_millis(20));
+                left.map_or(self.pause, |l| l.min(self.pause))
+            }
+            (_, Some(_)) => left.unwrap_or(Duration::from_secs(3600)),
+        };
+        Err(wait)
+    }
+
+    /// What a wait for this run's progress polls: its output while open, its pidfd until it
+    /// exited.
+    fn fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        let mut fds = Vec::with_capacity(2);
+        if !self.eof {
+            fds.push(self.reader.as_fd());
+        }
+        if let (Some(p), None) = (&self.pidfd, self.status) {
+            fds.push(p.as_fd());
+        }
+        fds
+    }
+}
+
+impl CommandRunner for ProcessRunner {
+    fn run(
+        &mut self,
+        program: &Path,
+        args: &[String],
+        deadline: Option<Duration>,
+    ) -> Result<RunOutput, RunError> {
+        let mut run = Running::start(program, args, deadline)?;
+        loop {
+            match run.step() {
+                Ok(done) => return done,
+                Err(wait) => {
+                    if let Err(e) = crate::ffi::spawn::wait_readable(&run.fds(), wait) {
+                        return run.fail(RunError::Wait(e));
+                    }
+                }
+            }
+        }
+    }
+
+    fn run_many(
+        &mut self,
+        program: &Path,
+        runs: &[(Vec<String>, Option<Duration>)],
+        width: usize,
+    ) -> Vec<Result<RunOutput, RunError>> {
+        let width = width.max(1);
+        let mut out: Vec<Option<Result<RunOutput, RunError>>> =
+            std::iter::repeat_with(|| None).take(runs.len()).collect();
+        let mut flight: Vec<(usize, Running)> = Vec::new();
+        let mut todo = runs.iter().enumerate();
+        loop {
+            while flight.len() < width {
+                let Some((i, (args, deadline))) = todo.next() else {
+                    break;
+                };
+                match Running::start(program, args, *deadline) {
+                    Ok(r) => flight.push((i, r)),
+                    Err(e) => out[i] = Some(Err(e)),
+                }
+            }
+            if flight.is_empty() {
+                break;
+            }
+            let mut wait = Duration::from_secs(3600);
+            let mut finished = false;
+            let mut k = 0;
+            while k < flight.len() {
+                match flight[k].1.step() {
+                    Ok(done) => {
+                        let (i, _) = flight.swap_remove(k);
+                        out[i] = Some(done);
+                        finished = true;
+                    }
+                    Err(w) => {
+                        wait = wait.min(w);
+                        k += 1;
+                    }
+                }
+            }
+            if finished {
+                // Room for the next runs (or none left in flight): start them before waiting.
+                continue;
+            }
+            let fds: Vec<_> = flight.iter().flat_map(|(_, r)| r.fds()).collect();
+            let waited = crate::ffi::spawn::wait_readable(&fds, wait);
+            drop(fds);
+            if let Err(e) = waited {
+                for (i, mut r) in flight.drain(..) {
+                    let e = std::io::Error::new(e.kind(), e.to_string());
+                    out[i] = Some(r.fail(RunError::Wait(e)));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(RunError::Spawn(std::io::Error::other("never started"))))
+            })
+            .collect()
     }
 }
 
@@ -354,7 +486,17 @@ impl Cli {
         deadline: Option<Duration>,
     ) -> Result<RunOutput, BackendError> {
         self.executions += 1;
-        match self.runner.run(&self.program, &args, deadline) {
+        let r = self.runner.run(&self.program, &args, deadline);
+        self.run_result(op, pid, r)
+    }
+
+    fn run_result(
+        &self,
+        op: Op,
+        pid: Pid,
+        r: Result<RunOutput, RunError>,
+    ) -> Result<RunOutput, BackendError> {
+        match r {
             Ok(out) => Ok(out),
             Err(RunError::TimedOut(after)) => Err(BackendError::Timeout {
                 backend: BackendKind::CudaCheckpoint,
@@ -381,14 +523,51 @@ impl Cli {
         &mut self,
         op: Op,
         pid: Pid,
-        mut args: Vec<String>,
+        args: Vec<String>,
         deadline: Option<Duration>,
     ) -> Result<(), BackendError> {
-        let mut full = vec!["--action".to_owned(), action_word(op).to_owned()];
-        full.push("--pid".to_owned());
-        full.push(pid.to_string());
-        full.append(&mut args);
+        let full = action_argv(op, pid, args);
         let out = self.run(op, pid, full.clone(), deadline)?;
+        self.action_result(op, pid, &full, out)
+    }
+
+    /// `op` on every job at once: one run of the utility each, at most `width` at a time (see
+    /// [`CommandRunner::run_many`]), `extra` added to each argv.
+    fn action_many(
+        &mut self,
+        op: Op,
+        jobs: &[Job],
+        extra: &[String],
+        width: usize,
+    ) -> Vec<JobResult> {
+        let started = Instant::now();
+        let runs: Vec<(Vec<String>, Option<Duration>)> = jobs
+            .iter()
+            .map(|j| (action_argv(op, j.pid, extra.to_vec()), j.deadline))
+            .collect();
+        self.executions += runs.len();
+        let outs = self.runner.run_many(&self.program, &runs, width);
+        jobs.iter()
+            .zip(runs)
+            .zip(outs)
+            .map(|((j, (argv, _)), out)| {
+                let r = self
+                    .run_result(op, j.pid, out)
+                    .and_then(|out| self.action_result(op, j.pid, &argv, out));
+                // The batch's runs overlap: each is charged the batch's time so far.
+                (r, started.elapsed())
+            })
+            .collect()
+    }
+
+    /// What a finished action run means: success only for exit 0 with no output.
+    fn action_result(
+        &self,
+        op: Op,
+        pid: Pid,
+        full: &[String],
+        out: RunOutput,
+    ) -> Result<(), BackendError> {
         if out.status == ExitInfo::Code(0) {
             // The utility prints nothing when an action succeeds: anything else means this is
             // not the utility we think it is (or it is broken), and "exit 0" cannot be trusted
@@ -407,12 +586,24 @@ impl Cli {
             Err(BackendError::Exit {
                 op,
                 pid,
-                command: self.command_line(&full),
+                command: self.command_line(full),
                 status: out.status,
                 output: out.output.trim().to_owned(),
             })
         }
     }
+}
+
+/// The utility's argv for `op` on `pid`, then `args`.
+fn action_argv(op: Op, pid: Pid, mut args: Vec<String>) -> Vec<String> {
+    let mut full = vec![
+        "--action".to_owned(),
+        action_word(op).to_owned(),
+        "--pid".to_owned(),
+        pid.to_string(),
+    ];
+    full.append(&mut args);
+    full
 }
 
 fn action_word(op: Op) -> &'static str {
@@ -556,6 +747,32 @@ impl Backend for Cli {
             Vec::new(),
             op_deadline(Op::Unlock, self.timeout),
         )
+    }
+
+    fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
+        self.action_many(Op::Checkpoint, jobs, &[], width)
+    }
+
+    fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+        if !pairs.is_empty() && !self.device_map {
+            // Refused per task, exactly as one at a time.
+            return jobs
+                .iter()
+                .map(|j| super::timed_job(|| self.restore(j.pid, pairs, j.deadline)))
+                .collect();
+        }
+        let extra = if pairs.is_empty() {
+            Vec::new()
+        } else {
+            vec!["--device-map".to_owned(), device_map_arg(pairs)]
+        };
+        self.action_many(Op::Restore, jobs, &extra, width)
+    }
+
+    fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
+        let deadline = op_deadline(Op::Unlock, self.timeout);
+        let jobs: Vec<Job> = pids.iter().map(|&pid| Job { pid, deadline }).collect();
+        self.action_many(Op::Unlock, &jobs, &[], width)
     }
 
     fn executions(&self) -> Option<usize> {

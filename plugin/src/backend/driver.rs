@@ -17,8 +17,8 @@
 //! [`BackendError::Busy`], a helper that died mid-call as [`BackendError::HelperLost`].
 
 use super::{
-    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, GpuPair, LockLimits, Op, Pid,
-    Tid,
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, GpuPair, Job, JobResult,
+    LockLimits, Op, Pid, Tid,
 };
 use crate::worker::{CallError, Worker};
 use abi::cuda::GPU_PAIRS_MIN_DRIVER_VERSION;
@@ -201,6 +201,21 @@ pub trait DriverExec: Send + Sync {
         call: DriverCall,
         deadline: Option<Duration>,
     ) -> Result<DriverReply, CallError>;
+    /// Runs every `(what, call, deadline)`, at most `width` at a time, each waiting at most its
+    /// deadline from its own start; one result per call, in order. The default runs them one
+    /// after another (as [`LocalExec`] does: concurrent calls there would be more threads in
+    /// CRIU).
+    fn exec_many(
+        &self,
+        calls: Vec<(String, DriverCall, Option<Duration>)>,
+        width: usize,
+    ) -> Vec<Result<DriverReply, CallError>> {
+        let _ = width;
+        calls
+            .into_iter()
+            .map(|(what, call, deadline)| self.exec(&what, call, deadline))
+            .collect()
+    }
     /// What the abandoned call that is still blocked was, if one is.
     fn blocked(&self) -> Option<String>;
     /// Waits at most `limit` for an abandoned call to return (see [`Worker::settle`]).
@@ -292,31 +307,62 @@ impl DriverApi {
     ) -> Result<DriverReply, BackendError> {
         self.exec
             .exec(&format!("{op} pid {pid}"), call, deadline)
-            .map_err(|e| match e {
-                CallError::TimedOut { after } => {
-                    self.abandoned.set(Some(op));
-                    BackendError::Timeout {
-                        backend: BackendKind::DriverApi,
-                        op,
-                        pid,
-                        after,
-                    }
-                }
-                CallError::Busy { blocked } => BackendError::Busy { op, pid, blocked },
-                CallError::Panicked => BackendError::Unsupported {
-                    backend: BackendKind::DriverApi,
-                    op,
-                    pid,
-                    what: "the driver call panicked",
-                },
-                CallError::NoThread(_) => BackendError::Unsupported {
-                    backend: BackendKind::DriverApi,
-                    op,
-                    pid,
-                    what: "cannot start a worker thread",
-                },
-                CallError::Lost(why) => BackendError::HelperLost { op, pid, why },
+            .map_err(|e| self.call_error(op, pid, e))
+    }
+
+    /// `op` on every job at once (at most `width` in flight; see [`DriverExec::exec_many`]),
+    /// each reply a plain `CUresult`.
+    fn code_many(
+        &self,
+        op: Op,
+        jobs: Vec<(Pid, Option<Duration>, DriverCall)>,
+        width: usize,
+    ) -> Vec<JobResult> {
+        let started = std::time::Instant::now();
+        let pids: Vec<Pid> = jobs.iter().map(|j| j.0).collect();
+        let calls = jobs
+            .into_iter()
+            .map(|(pid, deadline, call)| (format!("{op} pid {pid}"), call, deadline))
+            .collect();
+        let replies = self.exec.exec_many(calls, width);
+        pids.into_iter()
+            .zip(replies)
+            .map(|(pid, r)| {
+                let r = r
+                    .map_err(|e| self.call_error(op, pid, e))
+                    .and_then(|r| DriverApi::code_of(op, pid, r));
+                // The batch's calls overlap: each is charged the batch's time so far.
+                (r, started.elapsed())
             })
+            .collect()
+    }
+
+    fn call_error(&self, op: Op, pid: Pid, e: CallError) -> BackendError {
+        match e {
+            CallError::TimedOut { after } => {
+                self.abandoned.set(Some(op));
+                BackendError::Timeout {
+                    backend: BackendKind::DriverApi,
+                    op,
+                    pid,
+                    after,
+                }
+            }
+            CallError::Busy { blocked } => BackendError::Busy { op, pid, blocked },
+            CallError::Panicked => BackendError::Unsupported {
+                backend: BackendKind::DriverApi,
+                op,
+                pid,
+                what: "the driver call panicked",
+            },
+            CallError::NoThread(_) => BackendError::Unsupported {
+                backend: BackendKind::DriverApi,
+                op,
+                pid,
+                what: "cannot start a worker thread",
+            },
+            CallError::Lost(why) => BackendError::HelperLost { op, pid, why },
+        }
     }
 
     /// The code of a reply that must be a plain `CUresult`.
@@ -445,6 +491,61 @@ impl Backend for DriverApi {
             DriverCall::Unlock(pid),
         )?;
         DriverApi::code_of(op, pid, r)
+    }
+
+    fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
+        let jobs = jobs
+            .iter()
+            .map(|j| (j.pid, j.deadline, DriverCall::Checkpoint(j.pid)))
+            .collect();
+        self.code_many(Op::Checkpoint, jobs, width)
+    }
+
+    fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+        if !self.initialized {
+            if let Some(first) = jobs.first() {
+                let op = Op::Init;
+                let init = self
+                    .call(
+                        op,
+                        first.pid,
+                        op_deadline(op, self.timeout),
+                        DriverCall::Init,
+                    )
+                    .and_then(|r| DriverApi::code_of(op, first.pid, r));
+                if init.is_err() {
+                    // Every restore needs it: each task then fails (or not) as it would alone.
+                    return jobs
+                        .iter()
+                        .map(|j| super::timed_job(|| self.restore(j.pid, pairs, j.deadline)))
+                        .collect();
+                }
+                self.initialized = true;
+            }
+        }
+        let wire: Vec<([u8; 16], [u8; 16])> =
+            pairs.iter().map(|(old, new)| (old.0, new.0)).collect();
+        let jobs = jobs
+            .iter()
+            .map(|j| {
+                let call = DriverCall::Restore {
+                    pid: j.pid,
+                    pairs: wire.clone(),
+                };
+                (j.pid, j.deadline, call)
+            })
+            .collect();
+        self.code_many(Op::Restore, jobs, width)
+    }
+
+    fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
+        let op = Op::Unlock;
+        let deadline = op_deadline(op, self.timeout);
+        let jobs = pids
+            .iter()
+            .map(|&p| (p, deadline, DriverCall::Unlock(p)))
+            .collect();
+        self.code_many(op, jobs, width)
     }
 }
 

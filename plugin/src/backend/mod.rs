@@ -302,6 +302,24 @@ fn guess_code(status: ExitInfo) -> String {
     }
 }
 
+/// One task's part of a batch ([`Backend::checkpoint_many`], [`Backend::restore_many`]): the
+/// task and how long its call may take (`None`: until it returns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Job {
+    pub pid: Pid,
+    pub deadline: Option<Duration>,
+}
+
+/// One job's result in a batch, and how long its call took.
+pub type JobResult = (Result<(), BackendError>, Duration);
+
+/// Runs `f` and measures it: the default batches' one-after-another step.
+pub(crate) fn timed_job(f: impl FnOnce() -> Result<(), BackendError>) -> JobResult {
+    let t = std::time::Instant::now();
+    let r = f();
+    (r, t.elapsed())
+}
+
 /// One backend: the six operations of the checkpoint state machine for one target process.
 ///
 /// Implementations never block longer than their configured timeout (plus [`LOCK_GRACE`] for
@@ -328,6 +346,27 @@ pub trait Backend: Send {
     ) -> Result<(), BackendError>;
     /// LOCKED -> RUNNING.
     fn unlock(&mut self, pid: Pid) -> Result<(), BackendError>;
+    /// LOCKED -> CHECKPOINTED for every job, at most `width` calls at a time, each within its
+    /// own deadline; one result per job, in order (a failure belongs to its own job only). The
+    /// default runs them one after another.
+    fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
+        let _ = width;
+        jobs.iter()
+            .map(|j| timed_job(|| self.checkpoint(j.pid, j.deadline)))
+            .collect()
+    }
+    /// CHECKPOINTED -> LOCKED for every job (see [`Backend::checkpoint_many`]).
+    fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+        let _ = width;
+        jobs.iter()
+            .map(|j| timed_job(|| self.restore(j.pid, pairs, j.deadline)))
+            .collect()
+    }
+    /// LOCKED -> RUNNING for every pid (see [`Backend::checkpoint_many`]).
+    fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
+        let _ = width;
+        pids.iter().map(|&p| timed_job(|| self.unlock(p))).collect()
+    }
     /// How many external processes the backend ran so far (the CLI's executions), if any.
     fn executions(&self) -> Option<usize> {
         None

@@ -81,6 +81,7 @@ static OPTION_META: [CrPluginOptionMeta; crate::options::DOCS.len()] = [
     option_meta(5),
     option_meta(6),
     option_meta(7),
+    option_meta(8),
 ];
 
 /// `CR_PLUGIN_OPTIONS_META`: the plugin's options, for tools that list them without calling
@@ -499,7 +500,16 @@ fn per_task(
             );
             0
         }
-        Ok(Outcome::NotMine) => -libc::ENOTSUP,
+        Ok(Outcome::NotMine) => {
+            if engine.take_batch_ran() {
+                // Not a CUDA task, but this call ran every task's work (parallel mode).
+                log(
+                    Level::Debug,
+                    &format!("{name} pid {pid}: done in {ms:.1} ms"),
+                );
+            }
+            -libc::ENOTSUP
+        }
         Err(e) => {
             log(Level::Error, &format!("{e} (after {ms:.1} ms)"));
             PluginError::from(e).to_errno()
