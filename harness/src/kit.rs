@@ -65,10 +65,7 @@ impl PluginUnderTest {
             path: None,
             enable: vec![("CRIU_CUDA_FORCE_ENABLE".to_owned(), "1".to_owned())],
             name: OPTION_NAMESPACE.to_owned(),
-            capabilities: Capability::ALL
-                .into_iter()
-                .filter(|c| *c != Capability::Parallel)
-                .collect(),
+            capabilities: Capability::ALL.into_iter().collect(),
             backend: None,
             ours: true,
             explicit: false,

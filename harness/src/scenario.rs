@@ -1014,6 +1014,12 @@ impl Scenario {
                     add(Capability::CallTimeout, shown.clone());
                     add(Capability::PluginOptions, shown);
                 }
+                // One at a time is what every plugin does.
+                ("parallel", "1") => add(Capability::PluginOptions, shown),
+                ("parallel", _) => {
+                    add(Capability::Parallel, format!("{shown}={value}"));
+                    add(Capability::PluginOptions, shown);
+                }
                 _ => add(Capability::PluginOptions, shown),
             }
         }
@@ -1358,6 +1364,22 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
         .unwrap_err()
         .to_string();
         assert!(e.contains("needs a restore step"), "{e}");
+    }
+
+    #[test]
+    fn parallel_mode_needs_the_parallel_capability() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cuda/parallel");
+        let name = "batch-of-8-dumps-and-restores-driver-api.toml";
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        let need = Scenario::parse(name, &text).unwrap().requirements();
+        assert_eq!(
+            need.get(&Capability::Parallel).map(String::as_str),
+            Some("sets cuda_plugin.parallel=auto")
+        );
+        assert!(need.contains_key(&Capability::PluginOptions));
+        let one = text.replace("parallel=auto", "parallel=1");
+        let need = Scenario::parse(name, &one).unwrap().requirements();
+        assert!(!need.contains_key(&Capability::Parallel), "one at a time");
     }
 
     #[test]

@@ -370,6 +370,9 @@ pub struct Case {
     pub profile: &'static str,
     /// The tree's shape.
     pub tree: Tree,
+    /// The plugin's parallel mode (`cuda_plugin.parallel=auto`): both tasks' checkpoints, and
+    /// restores, run together at the first hook call of CRIU's loop (see [`parallel_cases`]).
+    pub parallel: bool,
 }
 
 impl Case {
@@ -396,14 +399,25 @@ impl Case {
 
     fn key(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}|{}|{}",
             self.call,
             self.fault.name(),
             self.phase.name(),
             self.target.name(),
             self.profile,
-            self.tree.name()
+            self.tree.name(),
+            self.mode()
         )
+    }
+
+    /// The table name of the plugin's mode.
+    #[must_use]
+    pub fn mode(&self) -> &'static str {
+        if self.parallel {
+            "parallel"
+        } else {
+            "one-by-one"
+        }
     }
 }
 
@@ -450,6 +464,7 @@ pub fn cases(full: bool) -> Vec<Case> {
             target,
             profile,
             tree: Tree::Bare,
+            parallel: false,
         });
     };
     let slow_default = |call: &str, phase: Phase, t: Target| {
@@ -575,9 +590,31 @@ pub fn cases(full: bool) -> Vec<Case> {
         }
     }
     out.extend(container_cases());
+    let parallel = parallel_cases(&out);
+    out.extend(parallel);
     out.sort();
     out.dedup();
     out
+}
+
+/// The same cases in the plugin's parallel mode, wherever that mode can change what happens:
+/// the calls of CHECKPOINT_DEVICES (the batch starts there), the rollback of a failed
+/// checkpoint, and every call of a restore (the batch of RESUME_DEVICES_LATE). The calls of
+/// PAUSE_DEVICES (the probe, the state queries and the locks of a dump) run the same code in
+/// both modes, so their cases run once.
+#[must_use]
+pub fn parallel_cases(cases: &[Case]) -> Vec<Case> {
+    cases
+        .iter()
+        .filter(|c| match c.phase {
+            Phase::Dump => c.call.ends_with("Checkpoint") || c.call.ends_with(":checkpoint"),
+            Phase::Rollback | Phase::Restore => true,
+        })
+        .map(|c| Case {
+            parallel: true,
+            ..*c
+        })
+        .collect()
 }
 
 /// The container-shaped variant: the same tree in new pid and mount namespaces, for the lock,
@@ -594,6 +631,7 @@ pub fn container_cases() -> Vec<Case> {
             target,
             profile: "pr3076",
             tree: Tree::Container,
+            parallel: false,
         });
     };
     for backend in ["cuCheckpointProcess", "cuda-checkpoint:"] {
@@ -894,6 +932,11 @@ impl Run<'_> {
                 "cuda_plugin.timeout=10"
             } else {
                 "cuda_plugin.timeout=1"
+            },
+            if self.case.parallel {
+                "cuda_plugin.parallel=auto"
+            } else {
+                "cuda_plugin.parallel=1"
             },
         ];
         let mut c = Command::new(&self.art.harness);
@@ -1539,7 +1582,7 @@ pub fn is_failure(r: &CaseResult) -> bool {
 /// machine), so the snapshot leaves them out.
 #[must_use]
 pub fn table(results: &[CaseResult], states: bool) -> String {
-    let mut rows: Vec<[String; 8]> = results
+    let mut rows: Vec<[String; 9]> = results
         .iter()
         .map(|r| {
             [
@@ -1549,6 +1592,7 @@ pub fn table(results: &[CaseResult], states: bool) -> String {
                 r.case.target.name().to_owned(),
                 r.case.profile.to_owned(),
                 r.case.tree.name().to_owned(),
+                r.case.mode().to_owned(),
                 if states {
                     r.outcome.clone()
                 } else {
@@ -1560,7 +1604,7 @@ pub fn table(results: &[CaseResult], states: bool) -> String {
         .collect();
     rows.sort();
     let head = [
-        "call", "fault", "phase", "task", "host", "tree", "outcome", "check",
+        "call", "fault", "phase", "task", "host", "tree", "mode", "outcome", "check",
     ];
     let mut w = head.map(str::len);
     for r in &rows {
@@ -1597,7 +1641,7 @@ pub fn table(results: &[CaseResult], states: bool) -> String {
     out
 }
 
-/// Selects the cases whose key (`call|fault|phase|task|host|tree`) contains `filter`.
+/// Selects the cases whose key (`call|fault|phase|task|host|tree|mode`) contains `filter`.
 #[must_use]
 pub fn filter(cases: Vec<Case>, filter: &str) -> Vec<Case> {
     cases

@@ -11,6 +11,9 @@
 //!    - `cuda-checkpoint`: the same tree with `cuda_plugin.backend=cuda-checkpoint`;
 //!    - `driver-api-noguard`: as `driver-api` with `cuda_plugin.guardian=off` (no helper
 //!      process: what the guardian costs);
+//!    - `driver-api-parallel`, `cuda-checkpoint-parallel`: as `driver-api` and
+//!      `cuda-checkpoint` with `cuda_plugin.parallel=auto` (every task's checkpoint and restore
+//!      at the first hook call of CRIU's loop);
 //!    - `plain`: the same tree with `--cpu-only` (no driver loaded) and an empty plugin
 //!      directory (no plugin at all).
 //!
@@ -158,13 +161,19 @@ enum Config {
     /// `driver-api` with `cuda_plugin.guardian=off`: the driver calls on threads inside CRIU,
     /// no helper process (what the guardian costs, side by side).
     DriverNoGuardian,
+    /// `driver-api` with `cuda_plugin.parallel=auto`.
+    DriverParallel,
+    /// `cuda-checkpoint` with `cuda_plugin.parallel=auto`.
+    CliParallel,
 }
 
-const CONFIGS: [Config; 4] = [
+const CONFIGS: [Config; 6] = [
     Config::Driver,
     Config::Cli,
     Config::Plain,
     Config::DriverNoGuardian,
+    Config::DriverParallel,
+    Config::CliParallel,
 ];
 
 impl Config {
@@ -174,6 +183,8 @@ impl Config {
             Config::Cli => "cuda-checkpoint",
             Config::Plain => "plain",
             Config::DriverNoGuardian => "driver-api-noguard",
+            Config::DriverParallel => "driver-api-parallel",
+            Config::CliParallel => "cuda-checkpoint-parallel",
         }
     }
 
@@ -184,6 +195,8 @@ impl Config {
             Config::Cli => Some("cuda-checkpoint"),
             Config::Plain => None,
             Config::DriverNoGuardian => Some("driver-api cuda_plugin.guardian=off"),
+            Config::DriverParallel => Some("driver-api cuda_plugin.parallel=auto"),
+            Config::CliParallel => Some("cuda-checkpoint cuda_plugin.parallel=auto"),
         }
     }
 
@@ -193,6 +206,8 @@ impl Config {
             Config::Cli => "#d62728",
             Config::Plain => "#2ca02c",
             Config::DriverNoGuardian => "#9467bd",
+            Config::DriverParallel => "#ff7f0e",
+            Config::CliParallel => "#8c564b",
         }
     }
 }
@@ -1545,6 +1560,8 @@ impl Report<'_> {
                 Config::Cli => "cuda-checkpoint backend",
                 Config::Plain => "plain tree, no plugin",
                 Config::DriverNoGuardian => "driver-api, guardian=off",
+                Config::DriverParallel => "driver-api, parallel=auto",
+                Config::CliParallel => "cuda-checkpoint, parallel=auto",
             };
             let _ = writeln!(
                 s,

@@ -1032,6 +1032,65 @@ pub(crate) mod tests {
         assert!(matches!(e, RunError::Spawn(_)), "{e:?}");
     }
 
+    #[test]
+    fn real_runner_runs_a_batch_side_by_side_each_with_its_own_result() {
+        // Each run marks its start, then waits until the three others of its width started:
+        // run one after another, the first would never see them and time out.
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let wait_all = |i: usize| {
+            format!(
+                "touch {d}/{i}; n=0; while [ $(ls {d} | wc -l) -lt 3 ]; do n=$((n+1)); \
+                 [ $n -gt 2000 ] && exit 9; sleep 0.005; done; echo run {i}; exit {i}"
+            )
+        };
+        let runs: Vec<(Vec<String>, Option<Duration>)> = vec![
+            (
+                vec!["-c".into(), wait_all(0)],
+                Some(Duration::from_secs(30)),
+            ),
+            (
+                vec!["-c".into(), wait_all(1)],
+                Some(Duration::from_secs(30)),
+            ),
+            (
+                vec!["-c".into(), wait_all(2)],
+                Some(Duration::from_secs(30)),
+            ),
+            // A fourth that hangs: killed at its own deadline, the others unaffected.
+            (
+                vec!["-c".into(), "sleep 30".into()],
+                Some(Duration::from_millis(300)),
+            ),
+        ];
+        let mut r = ProcessRunner;
+        let out = r.run_many(Path::new("/bin/sh"), &runs, 4);
+        assert_eq!(out.len(), 4);
+        for (i, o) in out.iter().take(3).enumerate() {
+            let o = o.as_ref().unwrap();
+            assert_eq!(o.status, ExitInfo::Code(i as i32), "run {i}: {o:?}");
+            assert_eq!(o.output.trim(), format!("run {i}"));
+        }
+        assert!(matches!(out[3], Err(RunError::TimedOut(_))), "{:?}", out[3]);
+        // Width 1 is one after another: the first run then waits alone, and gives up.
+        let solo = tempfile::tempdir().unwrap();
+        let d = solo.path().display().to_string();
+        let runs: Vec<(Vec<String>, Option<Duration>)> = (0..2)
+            .map(|i| {
+                let script =
+                    format!("touch {d}/{i}; [ $(ls {d} | wc -l) -ge 2 ] && exit 0; exit 7");
+                (vec!["-c".into(), script], Some(Duration::from_secs(30)))
+            })
+            .collect();
+        let out = r.run_many(Path::new("/bin/sh"), &runs, 1);
+        assert_eq!(out[0].as_ref().unwrap().status, ExitInfo::Code(7), "alone");
+        assert_eq!(
+            out[1].as_ref().unwrap().status,
+            ExitInfo::Code(0),
+            "after it"
+        );
+    }
+
     /// Whether `pid` is alive (not gone, not a zombie).
     fn alive(pid: u32) -> bool {
         crate::thread::process_alive(i32::try_from(pid).unwrap())

@@ -553,6 +553,60 @@ fn successful_dump_checkpoints_cuda_tasks_only() {
 }
 
 #[test]
+fn parallel_mode_checkpoints_every_task_at_the_first_call_and_each_call_gets_its_own_result() {
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(
+        &w,
+        EngineConfig {
+            parallel: 4,
+            ..EngineConfig::default()
+        },
+    );
+    for pid in PIDS {
+        e.pause_devices(pid).unwrap();
+        w.lock().unwrap().tasks.get_mut(&pid).unwrap().traced = true;
+    }
+    let before = w.lock().unwrap().calls.len();
+    // CRIU's loop starts with the CPU-only task: the batch still starts there.
+    assert_eq!(e.checkpoint_devices(102).unwrap(), Outcome::NotMine);
+    assert!(e.take_batch_ran(), "the first call ran the batch");
+    let calls: Vec<String> = w.lock().unwrap().calls[before..].to_vec();
+    assert_eq!(
+        calls,
+        [
+            "Resume 100",
+            "Resume 101",
+            "Checkpoint 100",
+            "Checkpoint 101",
+            "Restop 100",
+            "Restop 101"
+        ],
+        "both threads run while both checkpoints are made, then stop"
+    );
+    assert_eq!(
+        states(&w)[..2],
+        [CUprocessState::CHECKPOINTED, CUprocessState::CHECKPOINTED]
+    );
+    assert!(!any_thread_running(&w));
+    for pid in [100, 101] {
+        assert_eq!(e.checkpoint_devices(pid).unwrap(), Outcome::Handled);
+        assert!(!e.take_batch_ran());
+    }
+    let later: Vec<String> = w.lock().unwrap().calls[before + 6..].to_vec();
+    assert!(
+        !later.iter().any(|c| ["Checkpoint", "Resume", "Restop"]
+            .iter()
+            .any(|op| c.starts_with(op))),
+        "the tasks' own calls checkpoint nothing again: {later:?}"
+    );
+    assert_eq!(
+        w.lock().unwrap().images.len(),
+        2,
+        "each call writes its task's image"
+    );
+}
+
+#[test]
 fn leave_running_puts_every_task_back_in_its_initial_state() {
     for initial in [
         [CUprocessState::RUNNING, CUprocessState::RUNNING],
@@ -640,22 +694,32 @@ fn an_abandoned_call_is_waited_for_before_the_rollback() {
 
 #[test]
 fn a_fault_at_any_step_leaves_every_task_as_found() {
-    for initial in [
-        [CUprocessState::RUNNING, CUprocessState::RUNNING],
-        [CUprocessState::LOCKED, CUprocessState::RUNNING],
+    // One task at a time, and the parallel mode (both checkpoints at the first call).
+    for (initial, parallel) in [
+        ([CUprocessState::RUNNING, CUprocessState::RUNNING], 1),
+        ([CUprocessState::LOCKED, CUprocessState::RUNNING], 1),
+        ([CUprocessState::RUNNING, CUprocessState::RUNNING], 2),
+        ([CUprocessState::LOCKED, CUprocessState::RUNNING], 2),
     ] {
+        let cfg = || EngineConfig {
+            parallel,
+            ..EngineConfig::default()
+        };
         // A clean run tells how many calls a dump makes.
         let clean = world(initial);
-        let mut e = engine(&clean, EngineConfig::default());
+        let mut e = engine(&clean, cfg());
         assert_eq!(criu_dump(&clean, &mut e).0, 0);
         let names = clean.lock().unwrap().calls.clone();
         assert!(names.len() >= 12, "{names:?}");
         for (k, name) in names.iter().enumerate() {
             for kind in [FaultKind::Error, FaultKind::Timeout, FaultKind::LateSuccess] {
-                let case = format!("initial {initial:?}, fault {kind:?} at call {k} ({})", name);
+                let case = format!(
+                    "parallel {parallel}, initial {initial:?}, fault {kind:?} at call {k} ({})",
+                    name
+                );
                 let w = world(initial);
                 w.lock().unwrap().fault_at = Some((k, kind));
-                let mut e = engine(&w, EngineConfig::default());
+                let mut e = engine(&w, cfg());
                 let (ret, err) = criu_dump(&w, &mut e);
                 let restop_fault = name.starts_with("Restop");
                 assert_eq!(ret, -1, "{case}: the dump must fail");
