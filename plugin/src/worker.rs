@@ -21,8 +21,9 @@
 //! A worker is shared (cheaply cloned) by everything of one CRIU operation that calls the driver,
 //! so "at most one abandoned call" holds across the probe, the enumeration and the backend.
 
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Runs when a call is abandoned.
@@ -50,6 +51,11 @@ pub enum CallError {
 
 /// The abandoned call, while it is blocked.
 type Slot = Arc<Mutex<Option<String>>>;
+
+/// Where a call's result lands: `Some(Some(value))`, or `Some(None)` when it panicked. A mutex
+/// and a condition variable, not a channel: `std::sync::mpsc` brought its three channel flavours
+/// into the plugin for each result type.
+type Landing = Arc<(Mutex<Option<Option<Box<dyn Any + Send>>>>, Condvar)>;
 
 /// Clears the slot when the worker thread finishes, even by panic.
 struct SlotGuard(Slot);
@@ -120,6 +126,21 @@ impl Worker {
         deadline: Option<Duration>,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, CallError> {
+        let v = self.call_erased(what, deadline, Box::new(move || Box::new(f()) as Box<_>))?;
+        // The value is the `T` that `f` returned: the downcast cannot fail.
+        v.downcast::<T>()
+            .map(|v| *v)
+            .map_err(|_| CallError::Panicked)
+    }
+
+    /// [`Worker::call`] for every `T` at once: one copy of the thread and hand-over code, not
+    /// one per result type (the plugin's size; see `scripts/check-dist.sh`).
+    fn call_erased(
+        &self,
+        what: &str,
+        deadline: Option<Duration>,
+        f: Box<dyn FnOnce() -> Box<dyn Any + Send> + Send>,
+    ) -> Result<Box<dyn Any + Send>, CallError> {
         let slot = self.slot();
         {
             let mut s = slot.lock().unwrap_or_else(PoisonError::into_inner);
@@ -130,33 +151,45 @@ impl Worker {
             }
             *s = Some(what.to_owned());
         }
-        let (tx, rx) = mpsc::sync_channel(1);
+        let landing: Landing = Arc::default();
+        let theirs = Arc::clone(&landing);
         let guard = SlotGuard(Arc::clone(&slot));
         let spawned = std::thread::Builder::new()
             .name("cuda_plugin-drv".into())
             .spawn(move || {
-                let r = f();
+                // A panic has been reported by the panic hook; the caller gets `Panicked`.
+                let r = catch_unwind(AssertUnwindSafe(f)).ok();
                 drop(guard);
-                let _ = tx.send(r);
+                let (done, cv) = &*theirs;
+                *done.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+                cv.notify_all();
             });
         if let Err(e) = spawned {
             // The closure and its guard were dropped: the slot is clear again.
             return Err(CallError::NoThread(e.to_string()));
         }
-        let received = match deadline {
-            Some(d) => rx.recv_timeout(d).map_err(|e| match e {
-                mpsc::RecvTimeoutError::Timeout => Some(d),
-                mpsc::RecvTimeoutError::Disconnected => None,
-            }),
-            None => rx.recv().map_err(|_| None),
+        let (done, cv) = &*landing;
+        let got = done.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut got = match deadline {
+            Some(d) => {
+                cv.wait_timeout_while(got, d, |g| g.is_none())
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => cv
+                .wait_while(got, |g| g.is_none())
+                .unwrap_or_else(PoisonError::into_inner),
         };
-        match received {
-            Ok(v) => Ok(v),
-            Err(Some(after)) => {
+        match (got.take(), deadline) {
+            (Some(Some(v)), _) => Ok(v),
+            (Some(None), _) => Err(CallError::Panicked),
+            (None, Some(after)) => {
+                drop(got);
                 (self.inner.on_abandon)();
                 Err(CallError::TimedOut { after })
             }
-            Err(None) => Err(CallError::Panicked),
+            // `wait_while` returns only once the result landed.
+            (None, None) => Err(CallError::Panicked),
         }
     }
 

@@ -80,7 +80,7 @@ impl State {
                 Ok(FromAgent::Hello { pid }) => self.agent = pid,
                 Ok(FromAgent::Log { level, msg }) => crate::ffi::criu::log(level, &msg),
                 Err(e) => {
-                    self.gone = Some(e);
+                    self.gone = Some(e.to_string());
                     return;
                 }
             }

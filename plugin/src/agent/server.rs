@@ -102,7 +102,7 @@ pub fn serve(
                     }
                     Ok(ToAgent::Finish(mode)) => finish = Some(mode),
                     Ok(note) => ledger.apply(note),
-                    Err(e) => ledger.note_error(e),
+                    Err(e) => ledger.note_error(e.to_string()),
                 },
                 Ok(None) => break,
                 Err(_) => {

@@ -134,7 +134,7 @@ pub fn probe_driver(load: Result<Arc<dyn CudaDriver>, LoadError>, call_init: boo
 
 /// One driver call, as data: what [`DriverExec`] runs (here, on a worker thread, or in the
 /// plugin's helper process, see [`crate::agent`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DriverCall {
     /// `cuInit(0)`.
     Init,
@@ -156,7 +156,7 @@ pub enum DriverCall {
 }
 
 /// What a [`DriverCall`] returned: the raw codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverReply {
     Tid(Result<i32, u32>),
     State(Result<u32, u32>),
