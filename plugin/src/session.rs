@@ -152,17 +152,6 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
             .as_ref()
             .map_or_else(|| "not given".to_owned(), ToString::to_string),
     )];
-    if let Some(f) = &file {
-        notes.insert(
-            0,
-            format!(
-                "options file {} ({}): {} option(s)",
-                f.path.display(),
-                f.origin,
-                f.options.len()
-            ),
-        );
-    }
     if source.run == OptionSource::None && source.file.is_none() && ctx.host_options.is_none() {
         notes.push(
             "CRIU has no criu_plugin_get_options; options come from CRIU_PLUGIN_OPTIONS".into(),
@@ -798,12 +787,8 @@ mod tests {
             panic!()
         };
         assert_eq!(plan.options.backend, BackendChoice::CudaCheckpoint);
-        assert_eq!(
-            plan.notes[0],
-            "options file /usr/lib/criu/cuda_plugin.conf (next to the plugin): 1 option(s)"
-        );
         assert!(
-            plan.notes[1].starts_with(
+            plan.notes[0].starts_with(
                 "options from /usr/lib/criu/cuda_plugin.conf: backend=cuda-checkpoint"
             ),
             "{:?}",
