@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `checkpoint-restore` | the 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) runs as a container; `runc checkpoint` succeeds and leaves both CUDA tasks CHECKPOINTED in the world, the container gone; `runc restore -d` brings it back running, both CUDA tasks RUNNING (unlocked) again, and every task answers SIGUSR1 with a PASS line (its GPU data intact) |
 //! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
+//! | `bad-options-file` (driver API only) | `cuda_plugin.conf` has an invalid value on its 5th line: `runc checkpoint` fails before any task is touched, CRIU's log names the file and the line, the container keeps running with its data |
 //!
 //! What makes it a deployment test rather than another CRIU test: nothing is set up through
 //! CRIU's command line or the plugin's environment variables. runc reads the bundle's
@@ -637,6 +638,40 @@ fn checkpoint_fails(c: &mut Container) -> R<String> {
     Ok(format!("failed checkpoint {dump_ms:.0} ms"))
 }
 
+fn bad_options_file(c: &mut Container) -> R<String> {
+    let file = c.plugins.join("cuda_plugin.conf");
+    let mut text = read(&file);
+    text.push_str("guardian = perhaps\n");
+    write(&file, &text)?;
+    c.start()?;
+    let (out, log, dump_ms) = c.checkpoint()?;
+    ensure!(
+        !out.status.success(),
+        "runc checkpoint succeeded with an invalid options file"
+    );
+    let want = format!(
+        "options file {}, line 5: invalid value \"perhaps\" for option cuda_plugin.guardian",
+        file.display()
+    );
+    ensure!(
+        log.contains(&want),
+        "the dump log does not name the file and line ({want:?}):\n{}",
+        tail(&log, 20)
+    );
+    ensure!(
+        c.status()?.as_deref() == Some("running"),
+        "the container is not running after the refused checkpoint"
+    );
+    c.expect_cuda("running")?;
+    let trace = read(&c.world.join("trace.log"));
+    ensure!(
+        !trace.contains("cuCheckpointProcessLock"),
+        "a task was locked although init failed:\n{trace}"
+    );
+    c.verify_data()?;
+    Ok(format!("refused checkpoint {dump_ms:.0} ms"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The trials
 
@@ -688,7 +723,14 @@ fn trials(runc: &Path, criu_list: &[Criu]) -> Vec<Trial> {
                     checkpoint_fails,
                 ),
             ];
-            for (case, faults, body) in cases {
+            let bad_file: Option<(&str, String, CaseBody)> = (backend == "driver-api").then(|| {
+                (
+                    "bad-options-file",
+                    String::new(),
+                    bad_options_file as CaseBody,
+                )
+            });
+            for (case, faults, body) in cases.into_iter().chain(bad_file) {
                 let (r, cr) = (runc.to_path_buf(), criu.clone());
                 out.push(Trial::test(
                     format!("runc/criu-{}/{backend}/{case}", criu.series),
@@ -732,10 +774,11 @@ fn main() {
         }
     } else {
         match runc.map(|r| runc_version(&r).map(|v| (r, v))) {
-            None | Some(Err(_)) if !require_runc => skipped(
+            None if !require_runc => skipped(
                 "runc is not installed (apt-get install runc; CRIU_CUDA_RUNC=PATH names another)"
                     .into(),
             ),
+            Some(Err(e)) if !require_runc => skipped(e),
             None => failing(
                 "runc is not installed, and this is CI (CI or CRIU_CUDA_REQUIRE_RUNC=1 is set): \
                  .ci/run installs it with apt-get"
