@@ -5,7 +5,7 @@
 //!
 //! | Case | What it checks |
 //! |---|---|
-//! | `checkpoint-restore` | the 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) runs as a container; `runc checkpoint` succeeds and leaves both CUDA tasks CHECKPOINTED in the world, the container gone; `runc restore -d` brings it back running, both CUDA tasks RUNNING (unlocked) again, and every task answers SIGUSR1 with a PASS line (its GPU data intact) |
+//! | `checkpoint-restore` | the 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) runs as a container; `runc checkpoint` succeeds and leaves both CUDA tasks CHECKPOINTED in the world, the container gone; `runc restore -d` brings it back running, both CUDA tasks RUNNING (unlocked) again, and every task answers SIGUSR1 with a PASS line (its GPU data intact); the world's trace shows `cuda-checkpoint` runs exactly when the file chose that backend |
 //! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
 //! | `bad-options-file` (driver API only) | `cuda_plugin.conf` has an invalid value on its 5th line: `runc checkpoint` fails before any task is touched, CRIU's log names the file and the line, the container keeps running with its data |
 //!
@@ -611,8 +611,17 @@ fn checkpoint_restore(c: &mut Container) -> R<String> {
     );
     c.expect_cuda("running")?;
     c.verify_data()?;
+    // The backend the options file chose did the work: the utility ran, or never did.
+    let runs = cli_runs(&read(&c.world.join("trace.log")));
+    match c.backend {
+        "cuda-checkpoint" => ensure!(runs > 0, "cuda-checkpoint never ran"),
+        _ => ensure!(
+            runs == 0,
+            "cuda-checkpoint ran {runs} times with the driver API"
+        ),
+    }
     Ok(format!(
-        "checkpoint {dump_ms:.0} ms, restore {restore_ms:.0} ms"
+        "checkpoint {dump_ms:.0} ms, restore {restore_ms:.0} ms, {runs} cuda-checkpoint runs"
     ))
 }
 
