@@ -10,6 +10,9 @@
 //! | [`ptrace`] | resuming and re-stopping one traced thread |
 //! | [`spawn`] | marking inherited descriptors close-on-exec in `cuda-checkpoint` children |
 //!
+//! This module itself: `dladdr` on the plugin's own code, to learn which file the host loaded
+//! ([`plugin_path`], for the options file next to it) and to pin it in memory ([`pin_self`]).
+//!
 //! Each `unsafe` block carries a `// SAFETY:` comment. The rest of the crate is
 //! `#![deny(unsafe_code)]` and reaches these operations only through safe functions.
 
