@@ -16,6 +16,9 @@
 #                              harness/tests/kit.rs) fail, instead of being ignored, when
 #                              scripts/fetch-criu.sh --c-plugin has not built them (CI sets
 #                              this). Passed through.
+#   CRIU_CUDA_REQUIRE_RUNC=1   plugin/tests/runc.rs fails, instead of skipping, when runc is
+#                              not installed (CI sets this; a set CI variable does the same).
+#                              Passed through.
 #   extra arguments            passed to both `cargo test` runs (e.g. -- --nocapture)
 #
 # Environment exported to the tests (only where not already set, and only for

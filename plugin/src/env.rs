@@ -3,6 +3,7 @@
 //! | Variable | Effect |
 //! |---|---|
 //! | `CRIU_PLUGIN_OPTIONS` | Plugin options when CRIU cannot hand them over (see [`crate::options`]). |
+//! | `CRIU_CUDA_PLUGIN_CONFIG=PATH` | The plugin's options file, instead of `cuda_plugin.conf` next to the plugin or in `/etc/criu/` (see [`crate::config`]). |
 //! | `CRIU_CUDA_FORCE_ENABLE=1` | Run even without `/proc/driver/nvidia/gpus/` (hardware-free testing; CRIU's fault 138 does the same). |
 //! | `CRIU_CUDA_PLUGIN_MAX_HOOKS=N` | Override the descriptor's `max_hooks` (1..=17) instead of reading the host's count. |
 //! | `CRIU_CUDA_MEM_AVAILABLE_GIB=N` | The host memory the dump's capacity check takes as available, in GiB, instead of `MemAvailable` of `/proc/meminfo` (to test the check at sizes this host does not have, or to keep headroom). |
@@ -14,6 +15,8 @@ use std::ffi::OsString;
 
 /// `CRIU_PLUGIN_OPTIONS`.
 pub const OPTIONS: &str = crate::options::ENV_OPTIONS;
+/// `CRIU_CUDA_PLUGIN_CONFIG`.
+pub const CONFIG: &str = crate::config::ENV_CONFIG;
 /// `CRIU_CUDA_FORCE_ENABLE`.
 pub const FORCE_ENABLE: &str = "CRIU_CUDA_FORCE_ENABLE";
 /// `CRIU_CUDA_PLUGIN_MAX_HOOKS`.
@@ -37,6 +40,8 @@ pub fn mem_available_override() -> Option<u64> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Environment {
     pub plugin_options: Option<String>,
+    /// `CRIU_CUDA_PLUGIN_CONFIG` (the options file's path).
+    pub plugin_config: Option<OsString>,
     pub force_enable: bool,
     pub path: Option<OsString>,
 }
@@ -47,6 +52,7 @@ impl Environment {
     pub fn from_process() -> Self {
         Environment {
             plugin_options: std::env::var(OPTIONS).ok(),
+            plugin_config: std::env::var_os(CONFIG),
             force_enable: std::env::var(FORCE_ENABLE).is_ok_and(|v| v.trim() == "1"),
             path: std::env::var_os("PATH"),
         }

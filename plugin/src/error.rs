@@ -1,6 +1,7 @@
 //! The plugin's top-level error, and its one translation into a C return value.
 
 use crate::backend::BackendError;
+use crate::config::ConfigError;
 use crate::engine::EngineError;
 use crate::gpu_map::MapError;
 use crate::host::HostError;
@@ -15,6 +16,8 @@ use crate::thread::ThreadError;
 pub enum PluginError {
     #[error(transparent)]
     Option(#[from] OptionError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error(transparent)]
     DeviceMap(#[from] MapError),
     #[error(transparent)]
@@ -88,6 +91,7 @@ impl PluginError {
     pub fn to_errno(&self) -> i32 {
         let e = match self {
             PluginError::Option(_)
+            | PluginError::Config(_)
             | PluginError::DeviceMap(_)
             | PluginError::GpuInventory(_)
             | PluginError::MapOnDump(_) => libc::EINVAL,

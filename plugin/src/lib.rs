@@ -30,12 +30,13 @@
 //! | [`nvml`](mod@nvml) | Sizes: GPU memory per task (NVML), host- and GPU-memory checks, deadlines that grow with the data. |
 //! | [`message`] | Keeping every message handed to CRIU short (CRIU's buffer is 8 KiB). |
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
+//! | [`config`] | The plugin's options file, `cuda_plugin.conf`: where it is looked for, its format. |
 //!
 //! # Entry points and return values
 //!
 //! | Entry point | Returns |
 //! |---|---|
-//! | `init(stage)` | 0 (also when disabled); a negative errno for invalid options or when a required backend is unavailable |
+//! | `init(stage)` | 0 (also when disabled); a negative errno for invalid options (or options file) or when a required backend is unavailable |
 //! | PAUSE_DEVICES, CHECKPOINT_DEVICES, RESUME_DEVICES_LATE `(pid)` | 0 handled; `-ENOTSUP` not a CUDA task or plugin disabled; another negative errno on failure |
 //! | DUMP_FINISH `(ret)` (hook 16, where the host has it) | 0, or a negative errno when some task could not be put back |
 //! | `exit(stage, ret)` | nothing; at dump, runs the rollback if DUMP_FINISH did not |
@@ -47,6 +48,7 @@
 
 pub mod agent;
 pub mod backend;
+pub mod config;
 pub mod engine;
 pub mod env;
 pub mod error;

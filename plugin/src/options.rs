@@ -1,19 +1,33 @@
 //! The plugin's options: `backend`, `device-map`, `timeout`, `cuda-checkpoint`,
-//! `on-restore-failure`, `check-capacity` and `min-copy-rate`.
+//! `on-restore-failure`, `check-capacity`, `min-copy-rate` and `guardian`.
 //!
-//! Sources, in order (see [`collect`]):
+//! # Sources and precedence
 //!
-//! 1. CRIU's `criu_plugin_get_options(&argc, &argv)` (merged upstream with #3138). Every plugin
-//!    sees every `--PLUGIN.NAME=VALUE` string, after a synthetic `argv[0]`. We take the strings in
-//!    the `cuda_plugin.` namespace, ignore the rest, and never modify CRIU's array (the FFI layer
-//!    copies the strings before this module sees them).
-//! 2. When the host has no such service, or it carried no `cuda_plugin.` option at all, the
-//!    environment variable `CRIU_PLUGIN_OPTIONS`: the same strings separated by whitespace, with or
-//!    without the leading `--`.
+//! Two layers, combined option by option (see [`collect`]):
+//!
+//! * **the run's options**, from exactly one channel:
+//!   1. CRIU's `criu_plugin_get_options(&argc, &argv)` (merged upstream with #3138; no CRIU
+//!      release has it yet). Every plugin sees every `--PLUGIN.NAME=VALUE` string, after a
+//!      synthetic `argv[0]`. We take the strings in the `cuda_plugin.` namespace, ignore the rest,
+//!      and never modify CRIU's array (the FFI layer copies the strings before this module sees
+//!      them).
+//!   2. When the host has no such service, or it carried no `cuda_plugin.` option at all, the
+//!      environment variable `CRIU_PLUGIN_OPTIONS`: the same strings separated by whitespace,
+//!      with or without the leading `--`. (When CRIU hands options over, this variable is
+//!      ignored as a whole: it is only a stand-in for the same channel.)
+//! * **the node's options**, from the plugin's options file `cuda_plugin.conf`
+//!   ([`crate::config`]: `CRIU_CUDA_PLUGIN_CONFIG`, else next to the plugin's `.so`, else
+//!   `/etc/criu/cuda_plugin.conf`).
+//!
+//! So: options CRIU hands over > `CRIU_PLUGIN_OPTIONS` > the options file > the defaults. An
+//! option the run names overrides the file's value of that option only; every option the run
+//! does not name keeps the file's value. (The file is where an administrator puts the node's
+//! settings, e.g. the backend and the utility's path, for runs whose environment nobody controls;
+//! a run that sets a `timeout` should not lose them.)
 //!
 //! Repeated options: the last one wins (CRIU keeps every value in order). An unknown
 //! `cuda_plugin.*` name, a missing `=VALUE` or an invalid value is an error naming the option and
-//! the allowed values; `init` then fails.
+//! the allowed values (and, in the file, the file and the line); `init` then fails.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -401,7 +415,7 @@ const PATH_ALLOWED: &str =
 const DEVICE_MAP_ALLOWED: &str =
     "auto, GPU-old=GPU-new,... (UUIDs or unique prefixes) or old=new,... (ordinals)";
 
-/// Where the option strings came from, for the init log line.
+/// Which channel the run's option strings came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptionSource {
     /// `criu_plugin_get_options`.
@@ -422,24 +436,59 @@ impl fmt::Display for OptionSource {
     }
 }
 
-/// Picks the option source and parses it. `host` holds the strings `criu_plugin_get_options`
-/// returned after `argv[0]` (`None` when the host lacks the service), `env` the value of
-/// [`ENV_OPTIONS`].
+/// Where the options came from, for the init log line: the run's channel and the options file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sources {
+    pub run: OptionSource,
+    /// The options file that was read, if any.
+    pub file: Option<PathBuf>,
+}
+
+impl fmt::Display for Sources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.file, self.run) {
+            (None, run) => write!(f, "{run}"),
+            (Some(p), OptionSource::None) => write!(f, "{}", p.display()),
+            (Some(p), run) => write!(f, "{run} over {}", p.display()),
+        }
+    }
+}
+
+/// Picks the run's channel and combines it with the options file (see the module docs).
+/// `host` holds the strings `criu_plugin_get_options` returned after `argv[0]` (`None` when the
+/// host lacks the service), `env` the value of [`ENV_OPTIONS`], `file` the options file read
+/// (its strings are already checked).
 pub fn collect(
     host: Option<&[String]>,
     env: Option<&str>,
-) -> Result<(Options, OptionSource), OptionError> {
-    if let Some(args) = host {
-        if args.iter().any(|a| ours(a).is_some()) {
-            return Ok((parse(args.iter().map(String::as_str))?, OptionSource::Host));
+    file: Option<&crate::config::ConfigFile>,
+) -> Result<(Options, Sources), OptionError> {
+    let run: (Vec<&str>, OptionSource) = match (host, env) {
+        (Some(args), _) if args.iter().any(|a| ours(a).is_some()) => (
+            args.iter().map(String::as_str).collect(),
+            OptionSource::Host,
+        ),
+        (_, Some(env)) if env.split_whitespace().any(|a| ours(a).is_some()) => {
+            (env.split_whitespace().collect(), OptionSource::Environment)
         }
-    }
-    if let Some(env) = env {
-        if env.split_whitespace().any(|a| ours(a).is_some()) {
-            return Ok((parse(env.split_whitespace())?, OptionSource::Environment));
-        }
-    }
-    Ok((Options::default(), OptionSource::None))
+        _ => (Vec::new(), OptionSource::None),
+    };
+    // The run's strings alone first, so that an error in them is reported as theirs.
+    parse(run.0.iter().copied())?;
+    let file_strings = file.map_or(&[][..], |f| f.options.as_slice());
+    let options = parse(
+        file_strings
+            .iter()
+            .map(String::as_str)
+            .chain(run.0.iter().copied()),
+    )?;
+    Ok((
+        options,
+        Sources {
+            run: run.1,
+            file: file.map(|f| f.path.clone()),
+        },
+    ))
 }
 
 /// The part after `cuda_plugin.` when `arg` (with or without leading `--`) is in our namespace.
@@ -533,6 +582,54 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, Opt
     Ok(o)
 }
 
+/// Strategies shared by the property tests of this module and [`crate::config`].
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Any valid [`Options`].
+    pub(crate) fn arb_options() -> impl Strategy<Value = Options> {
+        (
+            prop_oneof![
+                Just(BackendChoice::Auto),
+                Just(BackendChoice::DriverApi),
+                Just(BackendChoice::CudaCheckpoint)
+            ],
+            proptest::option::of("[A-Za-z0-9=,:-]{0,60}"),
+            proptest::option::of(prop_oneof![
+                Just(TimeoutOption::Disabled),
+                (1u32..).prop_map(TimeoutOption::Seconds)
+            ]),
+            proptest::option::of("/[A-Za-z0-9._/-]{1,40}"),
+            prop_oneof![Just(RestoreFailure::Kill), Just(RestoreFailure::Leave)],
+            any::<bool>(),
+            proptest::option::of("[1-9][0-9]{0,3}(\\.[0-9]{1,3})?"),
+            any::<bool>(),
+            prop_oneof![
+                Just(Parallel::Unset),
+                Just(Parallel::Auto),
+                (1u32..=Parallel::MAX).prop_map(Parallel::Width)
+            ],
+        )
+            .prop_map(
+                |(backend, device_map, timeout, cc, orf, skip, rate, no_guardian, parallel)| {
+                    Options {
+                        backend,
+                        device_map,
+                        timeout,
+                        cuda_checkpoint: cc.map(PathBuf::from),
+                        on_restore_failure: orf,
+                        skip_capacity_check: skip,
+                        min_copy_rate: rate.map(CopyRate),
+                        no_guardian,
+                        parallel,
+                    }
+                },
+            )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -583,9 +680,9 @@ mod tests {
 
     #[test]
     fn defaults_when_nothing_is_given() {
-        let (o, src) = collect(None, None).unwrap();
+        let (o, src) = collect(None, None, None).unwrap();
         assert_eq!(o, Options::default());
-        assert_eq!(src, OptionSource::None);
+        assert_eq!(src.run, OptionSource::None);
         assert_eq!(o.backend, BackendChoice::Auto);
         assert_eq!(o.effective_timeout(None), Some(DEFAULT_TIMEOUT));
         assert_eq!(
@@ -605,8 +702,8 @@ mod tests {
             "--cuda_plugin.timeout=0",
             "--cuda_plugin.cuda-checkpoint=/opt/cc",
         ]);
-        let (o, src) = collect(Some(&argv), Some("cuda_plugin.backend=auto")).unwrap();
-        assert_eq!(src, OptionSource::Host);
+        let (o, src) = collect(Some(&argv), Some("cuda_plugin.backend=auto"), None).unwrap();
+        assert_eq!(src.run, OptionSource::Host);
         assert_eq!(o.backend, BackendChoice::DriverApi);
         assert_eq!(o.timeout, Some(TimeoutOption::Disabled));
         assert_eq!(o.effective_timeout(Some(10)), None, "timeout=0 means none");
@@ -617,12 +714,81 @@ mod tests {
     fn environment_is_used_when_the_host_has_nothing_for_us() {
         let argv = strs(&["--other.x=1"]);
         let env = "  --cuda_plugin.backend=cuda-checkpoint\tcuda_plugin.timeout=7 other.y ";
-        let (o, src) = collect(Some(&argv), Some(env)).unwrap();
-        assert_eq!(src, OptionSource::Environment);
+        let (o, src) = collect(Some(&argv), Some(env), None).unwrap();
+        assert_eq!(src.run, OptionSource::Environment);
         assert_eq!(o.backend, BackendChoice::CudaCheckpoint);
         assert_eq!(o.effective_timeout(None), Some(Duration::from_secs(7)));
-        let (_, src) = collect(None, Some(env)).unwrap();
-        assert_eq!(src, OptionSource::Environment, "host lacks the service");
+        let (_, src) = collect(None, Some(env), None).unwrap();
+        assert_eq!(src.run, OptionSource::Environment, "host lacks the service");
+    }
+
+    fn file(lines: &[&str]) -> crate::config::ConfigFile {
+        crate::config::ConfigFile {
+            path: PathBuf::from("/etc/criu/cuda_plugin.conf"),
+            origin: crate::config::Origin::System,
+            options: lines.iter().map(|l| format!("cuda_plugin.{l}")).collect(),
+        }
+    }
+
+    #[test]
+    fn the_file_is_the_base_and_the_run_overrides_what_it_names() {
+        let f = file(&[
+            "backend=cuda-checkpoint",
+            "cuda-checkpoint=/opt/cc",
+            "timeout=30",
+        ]);
+        // The file alone.
+        let (o, src) = collect(None, None, Some(&f)).unwrap();
+        assert_eq!(o.backend, BackendChoice::CudaCheckpoint);
+        assert_eq!(o.timeout, Some(TimeoutOption::Seconds(30)));
+        assert_eq!(src.to_string(), "/etc/criu/cuda_plugin.conf");
+        // CRIU_PLUGIN_OPTIONS overrides the timeout only.
+        let (o, src) = collect(None, Some("cuda_plugin.timeout=5"), Some(&f)).unwrap();
+        assert_eq!(o.timeout, Some(TimeoutOption::Seconds(5)), "the run wins");
+        assert_eq!(
+            o.backend,
+            BackendChoice::CudaCheckpoint,
+            "the file's backend stays"
+        );
+        assert_eq!(o.cuda_checkpoint, Some(PathBuf::from("/opt/cc")));
+        assert_eq!(
+            src.to_string(),
+            "CRIU_PLUGIN_OPTIONS over /etc/criu/cuda_plugin.conf"
+        );
+        // CRIU's own options win over both; the environment is then ignored as a whole.
+        let host = strs(&["--cuda_plugin.backend=driver-api"]);
+        let (o, src) = collect(
+            Some(&host),
+            Some("cuda_plugin.timeout=5 cuda_plugin.guardian=off"),
+            Some(&f),
+        )
+        .unwrap();
+        assert_eq!(o.backend, BackendChoice::DriverApi);
+        assert_eq!(
+            o.timeout,
+            Some(TimeoutOption::Seconds(30)),
+            "the file's, not the env's"
+        );
+        assert!(
+            !o.no_guardian,
+            "CRIU_PLUGIN_OPTIONS is not read when CRIU hands options over"
+        );
+        assert_eq!(src.run, OptionSource::Host);
+        // Foreign strings of the run do not count as the run's options.
+        let (o, src) = collect(None, Some("amdgpu.x=1"), Some(&f)).unwrap();
+        assert_eq!(
+            (o.backend, src.run),
+            (BackendChoice::CudaCheckpoint, OptionSource::None)
+        );
+        // An error in the run's options is the run's, even with a valid file.
+        let e = collect(None, Some("cuda_plugin.timeout=soon"), Some(&f)).unwrap_err();
+        assert!(matches!(e, OptionError::InvalidValue { ref name, .. } if name == "timeout"));
+        // Without a file nothing changes.
+        let (o, src) = collect(None, None, None).unwrap();
+        assert_eq!(
+            (o, src.to_string()),
+            (Options::default(), "defaults".to_owned())
+        );
     }
 
     #[test]
@@ -705,45 +871,7 @@ mod tests {
         ));
     }
 
-    fn arb_options() -> impl Strategy<Value = Options> {
-        (
-            prop_oneof![
-                Just(BackendChoice::Auto),
-                Just(BackendChoice::DriverApi),
-                Just(BackendChoice::CudaCheckpoint)
-            ],
-            proptest::option::of("[A-Za-z0-9=,:-]{0,60}"),
-            proptest::option::of(prop_oneof![
-                Just(TimeoutOption::Disabled),
-                (1u32..).prop_map(TimeoutOption::Seconds)
-            ]),
-            proptest::option::of("/[A-Za-z0-9._/-]{1,40}"),
-            prop_oneof![Just(RestoreFailure::Kill), Just(RestoreFailure::Leave)],
-            any::<bool>(),
-            proptest::option::of("[1-9][0-9]{0,3}(\\.[0-9]{1,3})?"),
-            any::<bool>(),
-            prop_oneof![
-                Just(Parallel::Unset),
-                Just(Parallel::Auto),
-                (1u32..=Parallel::MAX).prop_map(Parallel::Width)
-            ],
-        )
-            .prop_map(
-                |(backend, device_map, timeout, cc, orf, skip, rate, no_guardian, parallel)| {
-                    Options {
-                        backend,
-                        device_map,
-                        timeout,
-                        cuda_checkpoint: cc.map(PathBuf::from),
-                        on_restore_failure: orf,
-                        skip_capacity_check: skip,
-                        min_copy_rate: rate.map(CopyRate),
-                        no_guardian,
-                        parallel,
-                    }
-                },
-            )
-    }
+    use super::tests_support::arb_options;
 
     proptest! {
         #[test]
@@ -756,9 +884,9 @@ mod tests {
             prop_assert_eq!(parse(strings.iter().map(String::as_str)).unwrap(), o.clone());
             // The same strings through the environment (no whitespace inside values here).
             let env = strings.join(" ");
-            let (p, src) = collect(None, Some(&env)).unwrap();
+            let (p, src) = collect(None, Some(&env), None).unwrap();
             prop_assert_eq!(p, o);
-            prop_assert_eq!(src, OptionSource::Environment);
+            prop_assert_eq!(src.run, OptionSource::Environment);
         }
 
         #[test]
@@ -767,15 +895,48 @@ mod tests {
             let n = argv.len();
             argv.extend(o.to_strings().into_iter().map(|s| format!("--{s}")));
             argv.rotate_left(n / 2);
-            let (p, _) = collect(Some(&argv), None).unwrap();
+            let (p, _) = collect(Some(&argv), None, None).unwrap();
             prop_assert_eq!(p, o);
+        }
+
+        #[test]
+        fn each_option_the_run_names_overrides_the_file(a in arb_options(), b in arb_options(), host in any::<bool>()) {
+            let f = crate::config::ConfigFile {
+                path: PathBuf::from("/x/cuda_plugin.conf"),
+                origin: crate::config::Origin::BesidePlugin,
+                options: a.to_strings(),
+            };
+            let run = b.to_strings();
+            let (got, src) = if host {
+                let argv: Vec<String> = run.iter().map(|s| format!("--{s}")).collect();
+                collect(Some(&argv), None, Some(&f)).unwrap()
+            } else {
+                collect(None, Some(&run.join(" ")), Some(&f)).unwrap()
+            };
+            // `to_strings` always names these four, and the others only when set.
+            let want = Options {
+                backend: b.backend,
+                device_map: b.device_map.clone().or(a.device_map.clone()),
+                timeout: b.timeout.or(a.timeout),
+                cuda_checkpoint: b.cuda_checkpoint.clone().or(a.cuda_checkpoint.clone()),
+                on_restore_failure: b.on_restore_failure,
+                skip_capacity_check: b.skip_capacity_check,
+                min_copy_rate: b.min_copy_rate.clone().or(a.min_copy_rate.clone()),
+                no_guardian: b.no_guardian,
+                parallel: if b.parallel == Parallel::Unset { a.parallel } else { b.parallel },
+            };
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(src.file, Some(PathBuf::from("/x/cuda_plugin.conf")));
+            // The file alone gives exactly the file's options.
+            let (alone, _) = collect(None, None, Some(&f)).unwrap();
+            prop_assert_eq!(alone, a);
         }
 
         #[test]
         fn parser_never_panics(args in proptest::collection::vec("\\PC{0,40}", 0..6)) {
             let _ = parse(args.iter().map(String::as_str));
             let joined = args.join(" ");
-            let _ = collect(Some(&args), Some(&joined));
+            let _ = collect(Some(&args), Some(&joined), None);
         }
 
         #[test]

@@ -46,6 +46,8 @@ pub struct InitContext {
     /// `criu_plugin_get_options` strings after `argv[0]`; `None` when the host lacks it.
     pub host_options: Option<Vec<String>>,
     pub env: Environment,
+    /// The plugin's options file, as looked up and read ([`crate::config::Lookup::load`]).
+    pub config: Result<Option<crate::config::ConfigFile>, crate::config::ConfigError>,
     /// `/proc/driver/nvidia/gpus/` exists.
     pub nvidia_gpu_present: bool,
     /// CRIU's `fi_strategy`, when readable.
@@ -127,9 +129,11 @@ fn disabled(reason: impl Into<String>) -> Result<Start, PluginError> {
 
 /// Decides, for `init(ctx.stage)`.
 pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, PluginError> {
+    let file = ctx.config.clone()?;
     let (options, source) = options::collect(
         ctx.host_options.as_deref(),
         ctx.env.plugin_options.as_deref(),
+        file.as_ref(),
     )?;
     let map_spec = options
         .device_map
@@ -148,7 +152,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
             .as_ref()
             .map_or_else(|| "not given".to_owned(), ToString::to_string),
     )];
-    if source == OptionSource::None && ctx.host_options.is_none() {
+    if source.run == OptionSource::None && source.file.is_none() && ctx.host_options.is_none() {
         notes.push(
             "CRIU has no criu_plugin_get_options; options come from CRIU_PLUGIN_OPTIONS".into(),
         );
@@ -538,6 +542,7 @@ mod tests {
             stage,
             host_options: None,
             env: Environment::default(),
+            config: Ok(None),
             nvidia_gpu_present: true,
             fault: None,
             criu_timeout: Some(10),
@@ -764,6 +769,43 @@ mod tests {
             start(&c, &mut svc).unwrap_err(),
             PluginError::DeviceMap(_)
         ));
+    }
+
+    #[test]
+    fn the_options_file_is_used_logged_and_its_errors_fail_init() {
+        let mut c = ctx(Stage::DUMP);
+        c.config = Ok(Some(crate::config::ConfigFile {
+            path: "/usr/lib/criu/cuda_plugin.conf".into(),
+            origin: crate::config::Origin::BesidePlugin,
+            options: vec!["cuda_plugin.backend=cuda-checkpoint".into()],
+        }));
+        let mut svc = Svc {
+            driver_version: Some(13000),
+            cli_ok: true,
+            ..Default::default()
+        };
+        let Start::Enabled(plan) = start(&c, &mut svc).unwrap() else {
+            panic!()
+        };
+        assert_eq!(plan.options.backend, BackendChoice::CudaCheckpoint);
+        assert!(
+            plan.notes[0].starts_with(
+                "options from /usr/lib/criu/cuda_plugin.conf: backend=cuda-checkpoint"
+            ),
+            "{:?}",
+            plan.notes
+        );
+        c.config = Err(crate::config::ConfigError::Line {
+            path: "/etc/criu/cuda_plugin.conf".into(),
+            line: 3,
+            error: crate::config::LineError::NotUtf8,
+        });
+        let e = start(&c, &mut svc).unwrap_err();
+        assert_eq!(e.to_errno(), -libc::EINVAL);
+        assert_eq!(
+            e.to_string(),
+            "options file /etc/criu/cuda_plugin.conf, line 3: not valid UTF-8"
+        );
     }
 
     fn gpus(first: u8) -> Vec<GpuInfo> {

@@ -319,11 +319,37 @@ fn init(stage: Stage) -> c_int {
             }
         ),
     );
+    let env = Environment::from_process();
+    let plugin_so = super::plugin_path();
+    if plugin_so.is_none() {
+        log(
+            Level::Warn,
+            &format!(
+                "cannot find out where this plugin was loaded from; {} next to it is not read",
+                crate::config::FILE_NAME
+            ),
+        );
+    }
+    let lookup = crate::config::Lookup::new(env.plugin_config.as_deref(), plugin_so.as_deref());
+    let config = lookup.load();
+    // Logged before anything can fail or disable the plugin: which file set the node's options.
+    if let Ok(Some(f)) = &config {
+        log(
+            Level::Info,
+            &format!(
+                "options file {} ({}): {} option(s)",
+                f.path.display(),
+                f.origin,
+                f.options.len()
+            ),
+        );
+    }
     let ctx = InitContext {
         late_errors_ignored: !mh.has_dump_finish(),
         stage,
         host_options: criu::plugin_options(),
-        env: Environment::from_process(),
+        config,
+        env,
         nvidia_gpu_present: Path::new("/proc/driver/nvidia/gpus/").is_dir(),
         fault: criu::fault_strategy(),
         criu_timeout: criu::opts_timeout(),

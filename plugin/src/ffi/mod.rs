@@ -10,6 +10,9 @@
 //! | [`ptrace`] | resuming and re-stopping one traced thread |
 //! | [`spawn`] | marking inherited descriptors close-on-exec in `cuda-checkpoint` children |
 //!
+//! This module itself: `dladdr` on the plugin's own code, to learn which file the host loaded
+//! ([`plugin_path`], for the options file next to it) and to pin it in memory ([`pin_self`]).
+//!
 //! Each `unsafe` block carries a `// SAFETY:` comment. The rest of the crate is
 //! `#![deny(unsafe_code)]` and reaches these operations only through safe functions.
 
@@ -24,6 +27,46 @@ pub mod spawn;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// `dladdr` of a function of this library: which loaded object we are. `None` when the loader
+/// does not know (or gives no file name).
+fn own_dl_info() -> Option<libc::Dl_info> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let addr = own_dl_info as fn() -> Option<libc::Dl_info> as *const c_void;
+    // SAFETY: `addr` is the address of a function of this library and `info` points to writable
+    // memory of the right type; dladdr only writes to `info`.
+    let found = unsafe { libc::dladdr(addr, info.as_mut_ptr()) };
+    if found == 0 {
+        return None;
+    }
+    // SAFETY: dladdr returned non-zero, so it initialised `info`.
+    let info = unsafe { info.assume_init() };
+    (!info.dli_fname.is_null()).then_some(info)
+}
+
+/// The path of this plugin's `.so` as the host loaded it (CRIU: `<libdir>/<name>`), made
+/// absolute against the current directory when the host gave a relative one; `None` when the
+/// loader does not say.
+#[must_use]
+pub fn plugin_path() -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let info = own_dl_info()?;
+    // SAFETY: `dli_fname` is a non-null, NUL-terminated path owned by the loader, valid while the
+    // library is loaded, which it is (we are running its code). It is copied at once.
+    let bytes = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_bytes()
+        .to_vec();
+    let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&bytes));
+    if !bytes.contains(&b'/') {
+        // Found through the loader's search path: no directory we could name.
+        return None;
+    }
+    if path.is_absolute() {
+        Some(path)
+    } else {
+        std::env::current_dir().ok().map(|d| d.join(path))
+    }
+}
+
 /// Keeps this library mapped for the rest of the process's life (`RTLD_NODELETE`).
 ///
 /// Called when a driver call is abandoned on timeout: its worker thread may return into this
@@ -33,19 +76,9 @@ pub fn pin_self() {
     if PINNED.swap(true, Ordering::SeqCst) {
         return;
     }
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    let addr = pin_self as fn() as *const c_void;
-    // SAFETY: `addr` is the address of a function of this library and `info` points to writable
-    // memory of the right type; dladdr only writes to `info`.
-    let found = unsafe { libc::dladdr(addr, info.as_mut_ptr()) };
-    if found == 0 {
+    let Some(info) = own_dl_info() else {
         return;
-    }
-    // SAFETY: dladdr returned non-zero, so it initialised `info`.
-    let info = unsafe { info.assume_init() };
-    if info.dli_fname.is_null() {
-        return;
-    }
+    };
     // SAFETY: `dli_fname` is a NUL-terminated path owned by the loader, valid while the library
     // is loaded, which it is (we are running its code). RTLD_NOLOAD only takes a reference on the
     // already loaded object; RTLD_NODELETE makes it permanent. The handle is deliberately leaked.
