@@ -302,12 +302,18 @@ pub struct Engine {
     restore_tracked: bool,
     /// Parallel mode, dump: each task's checkpoint result (its duration in ms), from the batch
     /// the first CHECKPOINT_DEVICES started; taken by the task's own call.
-    checkpoint_batch: Option<BTreeMap<Pid, Result<u64, EngineError>>>,
+    checkpoint_batch: Option<Vec<(Pid, Result<u64, EngineError>)>>,
     /// Parallel mode, restore: each task's result, from the batch the first
     /// RESUME_DEVICES_LATE started; taken by the task's own call.
-    restore_batch: Option<BTreeMap<Pid, Result<Outcome, EngineError>>>,
+    restore_batch: Option<Vec<(Pid, Result<Outcome, EngineError>)>>,
     /// A batch ran in the current hook call (see [`Engine::take_batch_ran`]).
     batch_ran: bool,
+}
+
+/// Takes `pid`'s result out of a batch's results (a batch is a few tasks: a list will do).
+fn take_result<T>(results: &mut Vec<(Pid, T)>, pid: Pid) -> Option<T> {
+    let i = results.iter().position(|(p, _)| *p == pid)?;
+    Some(results.swap_remove(i).1)
 }
 
 /// What restoring one task involves, once its records are read (see [`Engine::plan_resume`]).
@@ -779,7 +785,10 @@ impl Engine {
         let rec = self.tasks[i].clone();
         let gpu_bytes = self.task_bytes(pid);
         let mut checkpoint_ms = None;
-        let batched = self.checkpoint_batch.as_mut().and_then(|b| b.remove(&pid));
+        let batched = self
+            .checkpoint_batch
+            .as_mut()
+            .and_then(|b| take_result(b, pid));
         if let Some(done) = batched {
             checkpoint_ms = Some(done?);
         } else if rec.initial != CUprocessState::CHECKPOINTED {
@@ -843,9 +852,9 @@ impl Engine {
     /// call; a task whose thread could not be resumed has nothing started. Should CRIU stop
     /// calling (another task failed), the tasks checkpointed here are put back by the dump's
     /// rollback like any other (they are marked `checkpointed_by_us`).
-    fn checkpoint_batch_run(&mut self) -> BTreeMap<Pid, Result<u64, EngineError>> {
+    fn checkpoint_batch_run(&mut self) -> Vec<(Pid, Result<u64, EngineError>)> {
         let step = Step::Checkpoint;
-        let mut results = BTreeMap::new();
+        let mut results = Vec::new();
         let mut running = Vec::new();
         for i in 0..self.tasks.len() {
             let rec = self.tasks[i].clone();
@@ -866,7 +875,7 @@ impl Engine {
                     running.push((Job { pid, deadline }, resumed));
                 }
                 Err(e) => {
-                    results.insert(pid, Err(e));
+                    results.push((pid, Err(e)));
                 }
             }
         }
@@ -890,7 +899,7 @@ impl Engine {
                 .map_err(|cause| EngineError::Backend { step, pid, cause })
                 .and_then(|()| stopped.map_err(|cause| EngineError::Thread { step, pid, cause }))
                 .map(|()| u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
-            results.insert(pid, r);
+            results.push((pid, r));
         }
         results
     }
@@ -1018,8 +1027,8 @@ impl Engine {
                 self.log(
                     Level::Info,
                     &format!(
-                        "dump finish: waited {:.1} ms for a timed-out driver call to return",
-                        waited.as_secs_f64() * 1000.0
+                        "dump finish: waited {} ms for a timed-out driver call to return",
+                        crate::message::Tenths(waited.as_secs_f64() * 1000.0)
                     ),
                 );
             }
@@ -1101,7 +1110,10 @@ impl Engine {
         // One read of the task's pid namespace identity per call (see `image_pid`).
         let key = self.image_pid(pid);
         self.resumed.insert(key);
-        let batched = self.restore_batch.as_mut().and_then(|b| b.remove(&pid));
+        let batched = self
+            .restore_batch
+            .as_mut()
+            .and_then(|b| take_result(b, pid));
         let r = match batched {
             Some(r) => r,
             None => self.resume_task(pid, key),
@@ -1346,27 +1358,27 @@ impl Engine {
     /// at a time: plan each, resume each restore thread, run the restores together, then the
     /// unlocks of the tasks that were running at dump time, and stop each thread again. Each
     /// task's result waits for its own RESUME_DEVICES_LATE call.
-    fn restore_batch_run(&mut self, root: Pid) -> BTreeMap<Pid, Result<Outcome, EngineError>> {
+    fn restore_batch_run(&mut self, root: Pid) -> Vec<(Pid, Result<Outcome, EngineError>)> {
         let step = Step::Resume;
-        let mut results = BTreeMap::new();
+        let mut results = Vec::new();
         let mut running = Vec::new();
         for p in self.host.tree(root) {
             let key = self.image_pid(p);
             let plan = match self.plan_resume(p, key) {
                 Ok(Ok(plan)) => plan,
                 Ok(Err(outcome)) => {
-                    results.insert(p, Ok(outcome));
+                    results.push((p, Ok(outcome)));
                     continue;
                 }
                 Err(e) => {
-                    results.insert(p, Err(e));
+                    results.push((p, Err(e)));
                     continue;
                 }
             };
             match self.start_resume(&plan) {
                 Ok(resumed) => running.push((plan, resumed)),
                 Err(e) => {
-                    results.insert(p, Err(e));
+                    results.push((p, Err(e)));
                 }
             }
         }
@@ -1413,7 +1425,7 @@ impl Engine {
             if r.is_ok() {
                 self.resumed_log(&plan, restore_ms);
             }
-            results.insert(pid, r.map(|()| Outcome::Handled));
+            results.push((pid, r.map(|()| Outcome::Handled)));
         }
         results
     }
@@ -1482,8 +1494,8 @@ fn copy_deadline(
         host.log(
             Level::Debug,
             &format!(
-                "{step} pid {pid}: deadline {:.1} s for {} ({how})",
-                d.as_secs_f64(),
+                "{step} pid {pid}: deadline {} s for {} ({how})",
+                crate::message::Tenths(d.as_secs_f64()),
                 crate::nvml::gib(bytes)
             ),
         );

@@ -89,3 +89,56 @@ mod tests {
         }
     }
 }
+
+/// A number shown with one decimal (as `{:.1}` would), by integer arithmetic: the plugin keeps
+/// the standard library's float formatting (about 15 KB) out of its binary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tenths(pub f64);
+
+impl std::fmt::Display for Tenths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = (self.0 * 10.0).round();
+        // Beyond 2^53 tenths there is no exact tenth to show; no message needs that range.
+        if !t.is_finite() || t.abs() > 9.0e15 {
+            return f.write_str("?");
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        let t = t as i64;
+        let sign = if t < 0 { "-" } else { "" };
+        let a = t.unsigned_abs();
+        write!(f, "{sign}{}.{}", a / 10, a % 10)
+    }
+}
+
+#[cfg(test)]
+mod tenths_tests {
+    use super::Tenths;
+
+    #[test]
+    fn one_decimal_like_the_float_formatter() {
+        for (x, want) in [
+            (0.0, "0.0"),
+            (0.04, "0.0"),
+            (0.06, "0.1"),
+            (1.25, "1.3"),
+            (79.0, "79.0"),
+            (1024.0, "1024.0"),
+            (-2.5, "-2.5"),
+            (123_456.78, "123456.8"),
+            (f64::NAN, "?"),
+            (f64::INFINITY, "?"),
+        ] {
+            assert_eq!(Tenths(x).to_string(), want, "{x}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn agrees_with_the_float_formatter_away_from_ties(x in -1.0e9f64..1.0e9) {
+            let tenths = x * 10.0;
+            // A tie (x.x5) may round either way; elsewhere both must agree.
+            proptest::prop_assume!((tenths - tenths.floor() - 0.5).abs() > 1e-6);
+            proptest::prop_assert_eq!(Tenths(x).to_string(), format!("{x:.1}"));
+        }
+    }
+}

@@ -127,7 +127,7 @@ pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
 pub fn gib(bytes: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
     let g = bytes as f64 / f64::from(1u32 << 30);
-    format!("{g:.1} GiB")
+    format!("{} GiB", crate::message::Tenths(g))
 }
 
 /// A GPU of the restore host without room for what is mapped onto it.

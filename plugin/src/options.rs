@@ -499,6 +499,11 @@ fn ours(arg: &str) -> Option<&str> {
 
 /// Parses option strings; strings outside the `cuda_plugin.` namespace are ignored.
 pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, OptionError> {
+    parse_dyn(&mut args.into_iter())
+}
+
+/// [`parse`], compiled once for every kind of iterator (the plugin must stay small).
+fn parse_dyn<'a>(args: &mut dyn Iterator<Item = &'a str>) -> Result<Options, OptionError> {
     let mut o = Options::default();
     for arg in args {
         let Some(rest) = ours(arg) else { continue };

@@ -163,6 +163,7 @@ impl Running {
     /// Reads what there is and looks at the child, without blocking. The run's result once it
     /// is over (exited with its output closed, or out of time: then killed and reaped); else
     /// how long at most to wait on [`Running::fds`] before looking again.
+    #[inline(never)] // shared by `run` and `run_many`, not copied into each
     fn step(&mut self) -> Result<Result<RunOutput, RunError>, Duration> {
         if !self.eof {
             match drain(&mut self.reader, &mut self.output) {

@@ -27,6 +27,7 @@ use crate::env::Environment;
 use crate::error::PluginError;
 use crate::hooks::{self, MaxHooks};
 use crate::host::Level;
+use crate::message::Tenths;
 use crate::select::Selected;
 use crate::session::{self, InitContext, InitServices, InventoryAnswer, Start};
 use crate::worker::Worker;
@@ -510,11 +511,11 @@ fn per_task(
     let spent = engine.take_spent();
     match r {
         Ok(Outcome::Handled) => {
-            let in_ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+            let in_ms = |d: std::time::Duration| Tenths(d.as_secs_f64() * 1000.0);
             log(
                 Level::Debug,
                 &format!(
-                    "{name} pid {pid}: waited {:.1} ms on {}, {:.1} ms on restore-thread control",
+                    "{name} pid {pid}: waited {} ms on {}, {} ms on restore-thread control",
                     in_ms(spent.backend),
                     engine.backend().kind(),
                     in_ms(spent.threads)
@@ -522,7 +523,7 @@ fn per_task(
             );
             log(
                 Level::Debug,
-                &format!("{name} pid {pid}: done in {ms:.1} ms"),
+                &format!("{name} pid {pid}: done in {} ms", Tenths(ms)),
             );
             0
         }
@@ -531,13 +532,13 @@ fn per_task(
                 // Not a CUDA task, but this call ran every task's work (parallel mode).
                 log(
                     Level::Debug,
-                    &format!("{name} pid {pid}: done in {ms:.1} ms"),
+                    &format!("{name} pid {pid}: done in {} ms", Tenths(ms)),
                 );
             }
             -libc::ENOTSUP
         }
         Err(e) => {
-            log(Level::Error, &format!("{e} (after {ms:.1} ms)"));
+            log(Level::Error, &format!("{e} (after {} ms)", Tenths(ms)));
             PluginError::from(e).to_errno()
         }
     }
@@ -577,9 +578,9 @@ extern "C" fn cuda_plugin_exit(stage: c_int, ret: c_int) {
         log(
             Level::Info,
             &format!(
-                "exit({}, {ret}) after {:.1} ms",
+                "exit({}, {ret}) after {} ms",
                 Stage(stage).name(),
-                a.started.elapsed().as_secs_f64() * 1000.0
+                Tenths(a.started.elapsed().as_secs_f64() * 1000.0)
             ),
         );
     });
