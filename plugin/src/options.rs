@@ -503,7 +503,7 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Options, Opt
 }
 
 /// [`parse`], compiled once for every kind of iterator (the plugin must stay small).
-fn parse_dyn<'a>(args: &mut dyn Iterator<Item = &'a str>) -> Result<Options, OptionError> {
+fn parse_dyn(args: &mut dyn Iterator<Item = &str>) -> Result<Options, OptionError> {
     let mut o = Options::default();
     for arg in args {
         let Some(rest) = ours(arg) else { continue };

@@ -30,6 +30,10 @@ struct State {
     replies: BTreeMap<Ticket, Reply>,
     /// Calls abandoned on timeout whose answer has not come, with what they were.
     abandoned: BTreeMap<Ticket, String>,
+    /// The calls that change or read a task's checkpoint state (`Call::Driver`): while one of
+    /// them is abandoned and blocked, further calls are refused. A blocked GPU enumeration,
+    /// NVML query or probe refuses nothing (the dump goes on without what it would have said).
+    state_calls: BTreeSet<Ticket>,
     /// Why the helper is gone, once it is.
     gone: Option<String>,
     /// Notes that could not be sent (the guardian then knows less; logged once).
@@ -75,6 +79,7 @@ impl State {
                     } else {
                         // The late answer of an abandoned call (or of one given up on).
                         self.abandoned.remove(&id);
+                        self.state_calls.remove(&id);
                     }
                 }
                 Ok(FromAgent::Hello { pid }) => self.agent = pid,
@@ -122,6 +127,7 @@ impl Link {
             pending: BTreeSet::new(),
             replies: BTreeMap::new(),
             abandoned: BTreeMap::new(),
+            state_calls: BTreeSet::new(),
             gone: None,
             lost_notes: 0,
             buf: Vec::new(),
@@ -160,17 +166,22 @@ impl Link {
         st.gone.clone()
     }
 
-    /// Sends `call` without waiting for its answer; refused while an abandoned call is blocked.
+    /// Sends `call` without waiting for its answer; refused while an abandoned driver call (see
+    /// `state_calls`) is blocked.
     pub fn submit(&self, call: Call, deadline: Option<Duration>) -> Result<Ticket, CallError> {
         let mut st = self.st();
         st.pump(None);
-        if let Some(blocked) = st.abandoned.values().next() {
+        let state = &st.state_calls;
+        if let Some((_, blocked)) = st.abandoned.iter().find(|(id, _)| state.contains(id)) {
             return Err(CallError::Busy {
                 blocked: blocked.clone(),
             });
         }
         let id = st.next;
         st.next += 1;
+        if matches!(call, Call::Driver(_)) {
+            st.state_calls.insert(id);
+        }
         let msg = ToAgent::Call {
             id,
             deadline_ms: deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -206,6 +217,7 @@ impl Link {
         loop {
             if let Some(r) = st.replies.remove(&id) {
                 st.pending.remove(&id);
+                st.state_calls.remove(&id);
                 return match r {
                     Reply::Panicked => Err(CallError::Panicked),
                     r => Ok(r),
@@ -213,6 +225,7 @@ impl Link {
             }
             if let Some(g) = st.gone.clone() {
                 st.pending.remove(&id);
+                st.state_calls.remove(&id);
                 return Err(CallError::Lost(g));
             }
             let left = match deadline {
@@ -366,6 +379,12 @@ impl DriverExec for Link {
             }
             if st.gone.is_some() {
                 st.abandoned.clear();
+                let State {
+                    state_calls,
+                    pending,
+                    ..
+                } = &mut *st;
+                state_calls.retain(|id| pending.contains(id));
                 return true;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -373,6 +392,12 @@ impl DriverExec for Link {
                 // Stop waiting: later calls are no longer refused because of them; their late
                 // answers are dropped when they come.
                 st.abandoned.clear();
+                let State {
+                    state_calls,
+                    pending,
+                    ..
+                } = &mut *st;
+                state_calls.retain(|id| pending.contains(id));
                 return false;
             }
             st.pump(Some(left));

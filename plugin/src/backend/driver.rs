@@ -403,8 +403,14 @@ impl Backend for DriverApi {
 
     fn settle(&mut self, limit: Duration) -> bool {
         let limit = match self.abandoned.get() {
-            // None of this backend's calls was abandoned: nothing to wait for.
-            None => return true,
+            // None of this backend's calls was abandoned, and none of the plugin's others (a
+            // GPU enumeration, an NVML query) is blocked where the calls run: nothing to wait
+            // for.
+            None if self.exec.blocked().is_none() => return true,
+            // Another call of the plugin's was abandoned (the GPU enumeration at the first
+            // checkpoint, say): wait for it like for our own, or where the calls run on a
+            // worker in CRIU the rollback would be refused as busy.
+            None => limit,
             Some(Op::Lock) => limit.min(super::LOCK_ABANDON_GRACE),
             Some(_) => limit,
         };
