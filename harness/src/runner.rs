@@ -1558,8 +1558,12 @@ impl Exec<'_> {
             let prev = i.checked_sub(1).map(|p| chars[p]);
             // Part of a word, a version or a UUID; `cuda-plugin-<pid>.img` is a pid.
             let hyphen_after_hex = prev == Some('-') && i >= 2 && chars[i - 2].is_ascii_hexdigit();
+            // The integer part of a decimal (`1024.0 GiB`) is never a pid either.
+            let decimal =
+                chars.get(j) == Some(&'.') && chars.get(j + 1).is_some_and(char::is_ascii_digit);
             let glued = prev.is_some_and(|p| p.is_alphanumeric() || p == '.')
                 || hyphen_after_hex
+                || decimal
                 || chars
                     .get(j)
                     .is_some_and(|n| n.is_alphanumeric() || *n == '-');
