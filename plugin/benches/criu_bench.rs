@@ -72,6 +72,8 @@ struct Opts {
     no_svg: bool,
     list: bool,
     world_dir: Option<PathBuf>,
+    /// `--configs`: the configurations to sample (default: all).
+    configs: Option<Vec<Config>>,
 }
 
 fn parse_args() -> Result<Opts, String> {
@@ -87,6 +89,7 @@ fn parse_args() -> Result<Opts, String> {
         no_svg: false,
         list: false,
         world_dir: None,
+        configs: None,
     };
     let mut it = std::env::args().skip(1);
     let mut explicit_rounds = false;
@@ -120,10 +123,30 @@ fn parse_args() -> Result<Opts, String> {
             "--no-svg" => o.no_svg = true,
             "--world-dir" => o.world_dir = Some(PathBuf::from(value("--world-dir")?)),
             "--list" => o.list = true,
+            "--configs" => {
+                let names = value("--configs")?;
+                let mut cs = Vec::new();
+                for name in names.split(',').map(str::trim) {
+                    let c = CONFIGS
+                        .iter()
+                        .copied()
+                        .find(|c| c.name() == name)
+                        .ok_or_else(|| {
+                            let all: Vec<_> = CONFIGS.iter().map(|c| c.name()).collect();
+                            format!(
+                                "--configs: unknown configuration {name:?} (known: {})",
+                                all.join(", ")
+                            )
+                        })?;
+                    cs.push(c);
+                }
+                o.configs = Some(cs);
+            }
             "-h" | "--help" => {
                 return Err("usage: criu_bench [--bench] [--rounds R] [--sizes 1,8,32] \
                             [--criu PATH] [--no-emulated] [--no-scenarios] [--out DIR] \
-                            [--svg PATH] [--no-svg] [--world-dir DIR]"
+                            [--svg PATH] [--no-svg] [--world-dir DIR] \
+                            [--configs driver-api,cuda-checkpoint,c-plugin,...]"
                     .into())
             }
             // libtest options `cargo test` may pass (--nocapture, --test-threads N, filters…).
@@ -165,15 +188,20 @@ enum Config {
     DriverParallel,
     /// `cuda-checkpoint` with `cuda_plugin.parallel=auto`.
     CliParallel,
+    /// CRIU's own C `cuda_plugin.so` of the same CRIU version (built by
+    /// `scripts/fetch-criu.sh --c-plugin`), enabled with `CRIU_FAULT=138`; it takes no options
+    /// and runs `cuda-checkpoint`. Sampled only where that `.so` exists.
+    CPlugin,
 }
 
-const CONFIGS: [Config; 6] = [
+const CONFIGS: [Config; 7] = [
     Config::Driver,
     Config::Cli,
     Config::Plain,
     Config::DriverNoGuardian,
     Config::DriverParallel,
     Config::CliParallel,
+    Config::CPlugin,
 ];
 
 impl Config {
@@ -185,6 +213,7 @@ impl Config {
             Config::DriverNoGuardian => "driver-api-noguard",
             Config::DriverParallel => "driver-api-parallel",
             Config::CliParallel => "cuda-checkpoint-parallel",
+            Config::CPlugin => "c-plugin",
         }
     }
 
@@ -197,6 +226,7 @@ impl Config {
             Config::DriverNoGuardian => Some("driver-api cuda_plugin.guardian=off"),
             Config::DriverParallel => Some("driver-api cuda_plugin.parallel=auto"),
             Config::CliParallel => Some("cuda-checkpoint cuda_plugin.parallel=auto"),
+            Config::CPlugin => None,
         }
     }
 
@@ -208,6 +238,7 @@ impl Config {
             Config::DriverNoGuardian => "#9467bd",
             Config::DriverParallel => "#ff7f0e",
             Config::CliParallel => "#8c564b",
+            Config::CPlugin => "#7f7f7f",
         }
     }
 }
@@ -251,6 +282,15 @@ struct Bench {
     a: &'static Artifacts,
     /// Where the mock worlds live (see [`world_base`]).
     world_base: PathBuf,
+    /// CRIU's C plugin for this CRIU ([`Config::CPlugin`]), where it was built.
+    c_plugin: Option<PathBuf>,
+}
+
+/// CRIU's own C `cuda_plugin.so` built beside the CRIU wrapper `criu` by
+/// `scripts/fetch-criu.sh --c-plugin` (`target/criu/<version>/c-plugin/cuda_plugin.so`).
+fn c_plugin_of(criu: &Path) -> Option<PathBuf> {
+    let so = criu.parent()?.join("c-plugin").join("cuda_plugin.so");
+    so.is_file().then_some(so)
 }
 
 /// The directory for the mock worlds: `--world-dir`, else `/dev/shm` when it is a writable
@@ -286,12 +326,30 @@ struct Run<'b> {
     bindir: PathBuf,
     report: PathBuf,
     options: Option<String>,
+    /// CRIU's C plugin is loaded: enabled with `CRIU_FAULT=138` instead of our variable.
+    c_plugin: bool,
     pids: Vec<i32>,
     keep: bool,
 }
 
 impl<'b> Run<'b> {
-    fn new(b: &'b Bench, backend: Option<&str>, prefix: &str) -> R<Run<'b>> {
+    /// A sample directory for `config`: our plugin with its backend and options, CRIU's C
+    /// plugin, or no plugin.
+    fn for_config(b: &'b Bench, config: Config, prefix: &str) -> R<Run<'b>> {
+        match (config, &b.c_plugin) {
+            (Config::CPlugin, Some(so)) => Run::new(b, None, Some(so), prefix),
+            (Config::CPlugin, None) => Err("CRIU's C plugin was not built".into()),
+            _ => Run::new(b, config.backend(), None, prefix),
+        }
+    }
+
+    /// `backend`: our plugin with this backend (and options); else `other_plugin`, if any.
+    fn new(
+        b: &'b Bench,
+        backend: Option<&str>,
+        other_plugin: Option<&Path>,
+        prefix: &str,
+    ) -> R<Run<'b>> {
         let dir = tempfile::Builder::new()
             .prefix(prefix)
             .tempdir()
@@ -306,9 +364,13 @@ impl<'b> Run<'b> {
         for d in [&libdir, &bindir] {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
         }
-        if backend.is_some() {
-            std::fs::copy(&b.a.plugin_so, libdir.join("cuda_plugin.so"))
-                .map_err(|e| format!("copying {}: {e}", b.a.plugin_so.display()))?;
+        let so = match (backend, other_plugin) {
+            (Some(_), _) => Some(b.a.plugin_so.as_path()),
+            (None, other) => other,
+        };
+        if let Some(so) = so {
+            std::fs::copy(so, libdir.join("cuda_plugin.so"))
+                .map_err(|e| format!("copying {}: {e}", so.display()))?;
         }
         std::os::unix::fs::symlink(&b.a.cuda_checkpoint, bindir.join("cuda-checkpoint"))
             .map_err(|e| format!("linking cuda-checkpoint: {e}"))?;
@@ -339,6 +401,7 @@ impl<'b> Run<'b> {
             libdir,
             bindir,
             options: backend.map(|be| format!("cuda_plugin.backend={be}")),
+            c_plugin: other_plugin.is_some(),
             pids: Vec::new(),
             keep: false,
         })
@@ -370,6 +433,10 @@ impl<'b> Run<'b> {
                 cmd.env_remove("CRIU_PLUGIN_OPTIONS")
                     .env_remove("CRIU_CUDA_FORCE_ENABLE");
             }
+        }
+        if self.c_plugin {
+            // CRIU's FI_PLUGIN_CUDA_FORCE_ENABLE: the C plugin's switch for hosts without a GPU.
+            cmd.env("CRIU_FAULT", "138");
         }
     }
 
@@ -593,7 +660,7 @@ const THREADS_PART: &str = "(restore thread)";
 
 /// One dump + restore of a fresh tree of `n` tasks in `config`.
 fn sample(b: &Bench, config: Config, n: usize, round: usize) -> R<Sample> {
-    let mut run = Run::new(b, config.backend(), "criu-bench-")?;
+    let mut run = Run::for_config(b, config, "criu-bench-")?;
     let r = sample_in(&mut run, config, n, round);
     run.keep = r.is_err() || keep_all();
     r
@@ -821,7 +888,7 @@ fn emulated_once(
     harness: &Path,
     backend: &str,
 ) -> R<(BTreeMap<String, Vec<f64>>, f64, f64)> {
-    let mut run = Run::new(b, Some(backend), "criu-bench-emu-")?;
+    let mut run = Run::new(b, Some(backend), None, "criu-bench-emu-")?;
     let r = (|| {
         run.spawn_tree(EMULATED_TASKS, false)?;
         let img = run.path.join("img");
@@ -1061,7 +1128,7 @@ impl Report<'_> {
             let pd = self.med(Config::Plain, n, |x| x.dump_ms);
             let pr = self.med(Config::Plain, n, |x| x.restore_ms);
             let pdr_min = min(&col(&of(self.samples, Config::Plain, n), Self::dr));
-            for c in [Config::Driver, Config::Cli] {
+            for c in [Config::Driver, Config::Cli, Config::CPlugin] {
                 let ss = of(self.samples, c, n);
                 if ss.is_empty() {
                     continue;
@@ -1092,17 +1159,19 @@ impl Report<'_> {
             "| backend | N | per dump | limit 4N+1 | per restore | limit 2N+1 | verdict | trace lines dump / restore |\n|---|---:|---:|---:|---:|---:|---|---:|"
         );
         for &n in &self.o.sizes {
-            for c in [Config::Driver, Config::Cli] {
+            for c in [Config::Driver, Config::Cli, Config::CPlugin] {
                 let ss = of(self.samples, c, n);
                 if ss.is_empty() {
                     continue;
                 }
                 let d = ss.iter().map(|x| x.dump_runs).max().unwrap_or(0);
                 let r = ss.iter().map(|x| x.restore_runs).max().unwrap_or(0);
-                let ok = if c == Config::Driver {
-                    d == 0 && r == 0
-                } else {
-                    d <= 4 * n + 1 && r <= 2 * n + 1
+                let verdict = match c {
+                    Config::Driver if d == 0 && r == 0 => "PASS",
+                    Config::Cli if d <= 4 * n + 1 && r <= 2 * n + 1 => "PASS",
+                    // The limits are ours; CRIU's C plugin is shown for comparison.
+                    Config::CPlugin => "-",
+                    _ => "MISS",
                 };
                 let _ = writeln!(
                     s,
@@ -1110,7 +1179,7 @@ impl Report<'_> {
                     c.name(),
                     4 * n + 1,
                     2 * n + 1,
-                    if ok { "PASS" } else { "MISS" },
+                    verdict,
                     ss.iter().map(|x| x.dump_calls).max().unwrap_or(0),
                     ss.iter().map(|x| x.restore_calls).max().unwrap_or(0)
                 );
@@ -1159,7 +1228,8 @@ impl Report<'_> {
                 }
                 let h = |name: &'static str| {
                     let sum = self.med(c, n, |x| hook(x, name));
-                    if c == Config::Plain {
+                    // No plugin, or CRIU's C plugin, which logs no hook times.
+                    if c.backend().is_none() {
                         "-".to_owned()
                     } else {
                         format!("{sum:.1} ({:.2})", sum / n as f64)
@@ -1562,6 +1632,7 @@ impl Report<'_> {
                 Config::DriverNoGuardian => "driver-api, guardian=off",
                 Config::DriverParallel => "driver-api, parallel=auto",
                 Config::CliParallel => "cuda-checkpoint, parallel=auto",
+                Config::CPlugin => "CRIU's C plugin (cuda-checkpoint)",
             };
             let _ = writeln!(
                 s,
@@ -1647,12 +1718,31 @@ fn main() -> ExitCode {
     if !become_subreaper() {
         eprintln!("criu_bench: warning: cannot become a child subreaper");
     }
+    let c_plugin = c_plugin_of(&criu);
     let b = Bench {
         criu,
         criu_version: version,
         a,
         world_base: world_base(&o),
+        c_plugin,
     };
+    // The configurations sampled: `--configs`, else all; CRIU's C plugin only where it was built.
+    let configs: Vec<Config> = CONFIGS
+        .iter()
+        .copied()
+        .filter(|c| o.configs.as_ref().is_none_or(|cs| cs.contains(c)))
+        .filter(|&c| {
+            let have = c != Config::CPlugin || b.c_plugin.is_some();
+            if !have {
+                eprintln!(
+                    "criu_bench: no C plugin beside {} (scripts/fetch-criu.sh --c-plugin builds it): \
+                     c-plugin not sampled",
+                    b.criu.display()
+                );
+            }
+            have
+        })
+        .collect();
     let mut m = machine();
     eprintln!(
         "criu_bench ({mode}): CRIU {} at {}; {} round(s) of sizes {:?}",
@@ -1665,7 +1755,7 @@ fn main() -> ExitCode {
     let mut failed = false;
     if o.bench {
         // Warm-up (discarded): page cache, first-exec costs.
-        for c in CONFIGS {
+        for &c in &configs {
             if let Err(e) = sample(&b, c, 1, 0) {
                 eprintln!("criu_bench: warm-up {}: {e}", c.name());
             }
@@ -1675,8 +1765,8 @@ fn main() -> ExitCode {
     for round in 1..=o.rounds {
         for i in 0..o.sizes.len() {
             let n = o.sizes[(i + round) % o.sizes.len()];
-            for k in 0..CONFIGS.len() {
-                let c = CONFIGS[(k + round + i) % CONFIGS.len()];
+            for k in 0..configs.len() {
+                let c = configs[(k + round + i) % configs.len()];
                 match sample(&b, c, n, round) {
                     Ok(s) => {
                         eprintln!(
