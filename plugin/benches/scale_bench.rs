@@ -41,8 +41,10 @@ struct Opts {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// A configuration: NAME:TASKS:GPUS:GIB[:OPTION,...] where OPTION is a plugin option
-    /// (`backend=cuda-checkpoint`), `scale=N` (the world's time_scale) or `real` (every byte
-    /// stored). Default: 1, 10 and 80 GiB in one task, and 1 GiB real.
+    /// (`backend=cuda-checkpoint`), `scale=N` (the world's time_scale), `real` (every byte
+    /// stored) or `c-plugin` (CRIU's own C plugin of the same CRIU, built by
+    /// `scripts/fetch-criu.sh --c-plugin`, instead of ours; it takes no plugin options).
+    /// Default: 1, 10 and 80 GiB in one task, and 1 GiB real.
     #[arg(long = "job", value_name = "SPEC")]
     jobs: Vec<String>,
     /// The CRIU to use (default: the 4.2.x of target/criu, else the 4.1.x).
@@ -67,6 +69,8 @@ struct Job {
     options: Vec<String>,
     scale: f64,
     real: bool,
+    /// CRIU's C plugin instead of ours.
+    c_plugin: bool,
 }
 
 impl Job {
@@ -91,10 +95,13 @@ impl Job {
             options: Vec::new(),
             scale: 1.0,
             real: false,
+            c_plugin: false,
         };
         for o in parts.get(4).into_iter().flat_map(|o| o.split(',')) {
             if o == "real" {
                 job.real = true;
+            } else if o == "c-plugin" {
+                job.c_plugin = true;
             } else if let Some(s) = o.strip_prefix("scale=") {
                 job.scale = s
                     .parse()
@@ -106,6 +113,10 @@ impl Job {
         ensure!(
             job.gpus <= job.tasks.max(1) && job.gpus <= 16,
             "--job {spec:?}: GPUS must be at most TASKS and 16"
+        );
+        ensure!(
+            !job.c_plugin || job.options.is_empty(),
+            "--job {spec:?}: CRIU's C plugin takes no plugin options"
         );
         Ok(job)
     }
@@ -184,7 +195,22 @@ fn run_sample(criu: &Path, job: &Job, keep: bool) -> R<Sample> {
     for d in [&lib, &img] {
         std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
-    std::fs::copy(&a.plugin_so, lib.join("cuda_plugin.so")).map_err(|e| e.to_string())?;
+    let so = if job.c_plugin {
+        // Built beside the CRIU wrapper: target/criu/<version>/c-plugin/cuda_plugin.so.
+        let so = criu
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join("c-plugin/cuda_plugin.so");
+        ensure!(
+            so.is_file(),
+            "{}: no C plugin (scripts/fetch-criu.sh --c-plugin builds it)",
+            so.display()
+        );
+        so
+    } else {
+        a.plugin_so.clone()
+    };
+    std::fs::copy(&so, lib.join("cuda_plugin.so")).map_err(|e| e.to_string())?;
     let cfg = p.join("world.toml");
     std::fs::write(&cfg, world_config(job)).map_err(|e| e.to_string())?;
     let out = Command::new(&a.mock_world)
@@ -215,6 +241,10 @@ fn run_sample(criu: &Path, job: &Job, keep: bool) -> R<Sample> {
             .env("CRIU_CUDA_MEM_AVAILABLE_GIB", "4096")
             .env("CRIU_PLUGIN_OPTIONS", job.options.join(" "))
             .env_remove("CUDA_VISIBLE_DEVICES");
+        if job.c_plugin {
+            // CRIU's FI_PLUGIN_CUDA_FORCE_ENABLE: the C plugin's switch for hosts without a GPU.
+            c.env("CRIU_FAULT", "138");
+        }
     };
     let report = p.join("report.txt");
     let mut script = String::new();
@@ -395,13 +425,21 @@ fn main() -> std::process::ExitCode {
         let total = m(|s| s.dump + s.restore);
         let hooks = m(|s| s.hooks_dump + s.hooks_restore);
         let copies = 2.0 * job.modelled_copy().as_secs_f64() * 1000.0;
+        // CRIU's C plugin logs no hook times: its hooks' and CRIU's shares are unknown.
+        let (hooks, own, criu_share) = if job.c_plugin {
+            ("-".to_owned(), "-".to_owned(), "-".to_owned())
+        } else {
+            (
+                format!("{hooks:.0}"),
+                format!("{:.0}", hooks - copies),
+                format!("{:.0}", total - hooks),
+            )
+        };
         table.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {total:.0} | {copies:.0} | {hooks:.0} | {:.0} | {:.0} |\n",
+            "| {} | {:.0} | {:.0} | {total:.0} | {copies:.0} | {hooks} | {own} | {criu_share} |\n",
             job.name,
             m(|s| s.dump),
             m(|s| s.restore),
-            hooks - copies,
-            total - hooks
         ));
     }
     print!("{table}");
