@@ -492,6 +492,12 @@ fn per_task(
     pid: c_int,
     f: impl FnOnce(&mut Engine, i32) -> Result<Outcome, EngineError>,
 ) -> c_int {
+    // Never a task of CRIU's: CRIU proposal #3105 calls CHECKPOINT_DEVICES and
+    // RESUME_DEVICES_LATE with pid -1 after each per-task loop, and a pid of 0 or below must
+    // never reach a driver call, a signal or a rollback.
+    if pid <= 0 {
+        return -libc::ENOTSUP;
+    }
     let mut guard = active();
     let Some(Active {
         stage: s,

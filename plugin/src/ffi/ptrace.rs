@@ -213,7 +213,14 @@ impl ThreadControl for Ptrace {
 
     fn kill_task(&mut self, pid: Pid) -> Result<(), ThreadError> {
         const LIMIT: Duration = Duration::from_secs(2);
-        // SAFETY: kill(2) only sends a signal.
+        let Some(pid) = one_process(pid) else {
+            return Err(ThreadError::Ptrace {
+                step: "kill(SIGKILL) of a pid that names no single task",
+                tid: pid,
+                errno: libc::EINVAL,
+            });
+        };
+        // SAFETY: kill(2) only sends a signal, to one process (see `one_process`).
         if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
             let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
             if errno == libc::ESRCH {
@@ -241,10 +248,28 @@ impl ThreadControl for Ptrace {
     }
 }
 
+/// `pid` when it names one task that may be killed: kill(2) reads 0 as the caller's process
+/// group, -1 as every process the caller may signal and -N as process group N, and pid 1 is init.
+/// (A pid of -1 reaches the plugin as #3105's sentinel, or from a damaged image.)
+fn one_process(pid: Pid) -> Option<Pid> {
+    (pid > 1).then_some(pid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::process::{Command, Stdio};
+
+    #[test]
+    fn only_a_single_task_pid_may_be_killed() {
+        // kill(2) reads 0 as "my process group", -1 as "every process I may signal" and -N as
+        // process group N; pid 1 is init.
+        for pid in [i32::MIN, -2, -1, 0, 1] {
+            assert_eq!(one_process(pid), None, "pid {pid}");
+        }
+        assert_eq!(one_process(2), Some(2));
+        assert_eq!(one_process(4_194_304), Some(4_194_304));
+    }
 
     fn state_of(pid: Pid) -> char {
         let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
