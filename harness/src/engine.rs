@@ -878,6 +878,7 @@ fn checkpoint_devices(engine: &Engine, cfg: &Config, frozen: &Frozen) -> Result<
     }
     if cfg.sentinel {
         let r = engine.run_chain(Hook::CHECKPOINT_DEVICES, Arg::Sentinel);
+        pr_info!("sentinel (#3105): CHECKPOINT_DEVICES({SENTINEL_PID}) -> {r}");
         if r < 0 && r != ENOTSUP {
             pr_err!("Can't checkpoint devices (sentinel, pid {SENTINEL_PID}): {r}");
             return Err(EngineError::Hook {
@@ -1025,6 +1026,7 @@ fn resume_devices_late(engine: &Engine, cfg: &Config, frozen: &Frozen) -> Result
     }
     if cfg.sentinel {
         let r = engine.run_chain(Hook::RESUME_DEVICES_LATE, Arg::Sentinel);
+        pr_info!("sentinel (#3105): RESUME_DEVICES_LATE({SENTINEL_PID}) -> {r}");
         late_result(cfg, r, SENTINEL_PID)?;
     }
     Ok(())
