@@ -1469,5 +1469,14 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
         assert!(Scenario::parse("s", &bad_parent).is_err());
         let bad_host = MINIMAL.replace("profile = \"4.1\"", "profile = \"9\"");
         assert!(Scenario::parse("s", &bad_host).is_err());
+        // The #3105 sentinel is a switch of the emulated engine only.
+        let sentinel = MINIMAL.replace("profile = \"4.1\"", "profile = \"4.1\"\nsentinel = true");
+        assert!(Scenario::parse("s", &sentinel).unwrap().host.sentinel);
+        let on_criu = sentinel.replace("engine = \"emulated\"", "engine = \"criu\"");
+        let e = Scenario::parse("s", &on_criu).unwrap_err().to_string();
+        assert!(
+            e.contains("host.sentinel is for the emulated engine"),
+            "{e}"
+        );
     }
 }
