@@ -62,6 +62,11 @@ pub struct CommonArgs {
     /// `post-dump` only, the one action whose result reaches plugins).
     #[arg(long = "action-script", value_name = "FILE")]
     pub action_script: Option<PathBuf>,
+    /// Issue CRIU proposal #3105's sentinel calls: CHECKPOINT_DEVICES(-1) after the per-task
+    /// CHECKPOINT_DEVICES loop, RESUME_DEVICES_LATE(-1) after the per-task RESUME_DEVICES_LATE
+    /// loop (any host profile; no released CRIU makes them).
+    #[arg(long = "device-sentinel")]
+    pub device_sentinel: bool,
     /// Log file (relative to the image directory unless absolute).
     #[arg(short = 'o', long = "log-file")]
     pub log_file: Option<PathBuf>,
@@ -179,6 +184,7 @@ fn config(profile: HostProfile, c: &CommonArgs) -> Result<Config, CliError> {
         options: c.plugin_option.clone(),
         fault,
         action_script: c.action_script.clone(),
+        sentinel: c.device_sentinel,
     })
 }
 

@@ -38,6 +38,8 @@ pub const ENOTSUP: i32 = -libc::ENOTSUP;
 pub const DEFAULT_LIBDIR: &str = "/usr/lib/criu/";
 /// CRIU's default `--timeout`.
 pub const DEFAULT_TIMEOUT: u32 = 10;
+/// The pid of #3105's sentinel calls.
+pub const SENTINEL_PID: i32 = -1;
 /// Values of `CRIU_FAULT` at or above this are rejected (`FI_MAX`).
 pub const FI_MAX: i32 = 139;
 
@@ -112,6 +114,10 @@ pub struct Config {
     pub fault: i32,
     /// `--action-script`.
     pub action_script: Option<PathBuf>,
+    /// `--device-sentinel`: after the per-task CHECKPOINT_DEVICES loop and after the per-task
+    /// RESUME_DEVICES_LATE loop, call the hook once more with pid -1, as CRIU proposal #3105
+    /// ("seize, cr-restore: add sentinel notification for batched device plugins") does.
+    pub sentinel: bool,
 }
 
 /// Why a lifecycle failed.
@@ -229,6 +235,8 @@ pub enum EngineError {
 enum Arg {
     /// A task pid and its index in the tree.
     Task(i32, usize),
+    /// The #3105 sentinel: pid -1 after a per-task loop ("no more tasks").
+    Sentinel,
     /// An integer (the dump result of DUMP_FINISH).
     Int(i32),
     /// `int (void)` hooks.
@@ -406,6 +414,7 @@ impl Engine {
         pr_debug!("plugin: `{}' hook {} -> {:#x}", p.name(), hook.0, h.addr());
         let (ret, shown) = match arg {
             Arg::Task(pid, idx) => (p.call_int_hook(h, pid as c_int), format!(" pid=#{idx}")),
+            Arg::Sentinel => (p.call_int_hook(h, SENTINEL_PID), " pid=-1".to_owned()),
             Arg::Int(v) => (p.call_int_hook(h, v), format!(" arg={v}")),
             Arg::Void => (p.call_void_hook(h), String::new()),
         };
@@ -662,7 +671,12 @@ fn collect_pstree(
 pub fn dump(cfg: &Config, root: i32, final_state: FinalState) -> Result<(), EngineError> {
     setup(cfg, final_state, false)?;
     host::set_inventory(PluginList::new());
-    trace_event!("dump host={} rules={}", cfg.profile, cfg.rules);
+    trace_event!(
+        "dump host={} rules={}{}",
+        cfg.profile,
+        cfg.rules,
+        if cfg.sentinel { " sentinel" } else { "" }
+    );
     let mut engine = Engine::new(cfg.profile, cfg.rules);
     if let Err(e) = engine.init_plugins(&cfg.libdir, Stage::DUMP) {
         let _ = close_images(cfg);
@@ -672,7 +686,7 @@ pub fn dump(cfg: &Config, root: i32, final_state: FinalState) -> Result<(), Engi
     let mut frozen = Frozen::new();
     let mut result = collect_pstree(&engine, cfg, root, &mut frozen);
     if result.is_ok() {
-        result = checkpoint_devices(&engine, &frozen);
+        result = checkpoint_devices(&engine, cfg, &frozen);
     }
     if result.is_ok() {
         result = dump_files(&frozen);
@@ -842,7 +856,12 @@ fn dump_mount_namespace(root: i32) -> Result<(), EngineError> {
     Ok(())
 }
 
-fn checkpoint_devices(engine: &Engine, frozen: &Frozen) -> Result<(), EngineError> {
+/// `checkpoint_devices` (criu/seize.c): CHECKPOINT_DEVICES for every live task in one loop, the
+/// whole tree frozen; a result other than 0 and `-ENOTSUP` stops the loop and fails the dump.
+/// With the #3105 sentinel, a loop that went through is followed by CHECKPOINT_DEVICES(-1),
+/// whose result is checked the same way (`-ENOTSUP`, what a plugin that ignores the sentinel
+/// answers, is harmless; another error fails the dump). A loop that stopped skips it.
+fn checkpoint_devices(engine: &Engine, cfg: &Config, frozen: &Frozen) -> Result<(), EngineError> {
     for (idx, t) in frozen.tasks().iter().enumerate() {
         if t.zombie {
             continue;
@@ -853,6 +872,18 @@ fn checkpoint_devices(engine: &Engine, frozen: &Frozen) -> Result<(), EngineErro
             return Err(EngineError::Hook {
                 hook: Hook::CHECKPOINT_DEVICES.name(),
                 pid: Some(t.pid),
+                ret: r,
+            });
+        }
+    }
+    if cfg.sentinel {
+        let r = engine.run_chain(Hook::CHECKPOINT_DEVICES, Arg::Sentinel);
+        pr_info!("sentinel (#3105): CHECKPOINT_DEVICES({SENTINEL_PID}) -> {r}");
+        if r < 0 && r != ENOTSUP {
+            pr_err!("Can't checkpoint devices (sentinel, pid {SENTINEL_PID}): {r}");
+            return Err(EngineError::Hook {
+                hook: Hook::CHECKPOINT_DEVICES.name(),
+                pid: Some(SENTINEL_PID),
                 ret: r,
             });
         }
@@ -905,7 +936,12 @@ pub fn restore(cfg: &Config) -> Result<(), EngineError> {
     let inv = InventoryFile::read(&cfg.images_dir).inspect_err(|e| pr_err!("{e}"))?;
     setup(cfg, FinalState::Dead, true)?;
     host::set_inventory(PluginList::from_image(inv.plugins.as_deref()));
-    trace_event!("restore host={} rules={}", cfg.profile, cfg.rules);
+    trace_event!(
+        "restore host={} rules={}{}",
+        cfg.profile,
+        cfg.rules,
+        if cfg.sentinel { " sentinel" } else { "" }
+    );
     let mut engine = Engine::new(cfg.profile, cfg.rules);
     if let Err(e) = engine.init_plugins(&cfg.libdir, Stage::RESTORE) {
         let _ = close_images(cfg);
@@ -976,28 +1012,44 @@ pub fn restore(cfg: &Config) -> Result<(), EngineError> {
     result
 }
 
+/// The late stage of `restore_root_task` (criu/cr-restore.c): RESUME_DEVICES_LATE for every
+/// live restored task in one loop before the tree is released. With the #3105 sentinel the loop
+/// is followed by RESUME_DEVICES_LATE(-1), whose result is handled as a task's result of the
+/// same loop under the rules in force (see [`late_result`]).
 fn resume_devices_late(engine: &Engine, cfg: &Config, frozen: &Frozen) -> Result<(), EngineError> {
     for (idx, t) in frozen.tasks().iter().enumerate() {
         if t.zombie {
             continue;
         }
         let r = engine.run_chain(Hook::RESUME_DEVICES_LATE, Arg::Task(t.pid, idx));
-        match cfg.rules {
-            Rules::Newer => {
-                if r != 0 && r != ENOTSUP {
-                    pr_err!("resume devices late hook failed for task {}: {r}", t.pid);
-                    return Err(EngineError::Hook {
-                        hook: Hook::RESUME_DEVICES_LATE.name(),
-                        pid: Some(t.pid),
-                        ret: r,
-                    });
-                }
+        late_result(cfg, r, t.pid)?;
+    }
+    if cfg.sentinel {
+        let r = engine.run_chain(Hook::RESUME_DEVICES_LATE, Arg::Sentinel);
+        pr_info!("sentinel (#3105): RESUME_DEVICES_LATE({SENTINEL_PID}) -> {r}");
+        late_result(cfg, r, SENTINEL_PID)?;
+    }
+    Ok(())
+}
+
+/// What a RESUME_DEVICES_LATE result does: under the newer rules anything but 0 and `-ENOTSUP`
+/// fails the restore; under the 4.1 rules it is only logged (4.1.1 logs even `-ENOTSUP`).
+fn late_result(cfg: &Config, r: i32, pid: i32) -> Result<(), EngineError> {
+    match cfg.rules {
+        Rules::Newer => {
+            if r != 0 && r != ENOTSUP {
+                pr_err!("resume devices late hook failed for task {pid}: {r}");
+                return Err(EngineError::Hook {
+                    hook: Hook::RESUME_DEVICES_LATE.name(),
+                    pid: Some(pid),
+                    ret: r,
+                });
             }
-            Rules::Criu41 => {
-                // 4.1.1 logs even -ENOTSUP; later lines suppress it. Never fatal.
-                if r < 0 && (r != ENOTSUP || cfg.profile == HostProfile::Criu41) {
-                    pr_debug!("restore late stage hook for external plugin failed");
-                }
+        }
+        Rules::Criu41 => {
+            // 4.1.1 logs even -ENOTSUP; later lines suppress it. Never fatal.
+            if r < 0 && (r != ENOTSUP || cfg.profile == HostProfile::Criu41) {
+                pr_debug!("restore late stage hook for external plugin failed");
             }
         }
     }

@@ -1170,6 +1170,9 @@ impl Exec<'_> {
             if let Some(r) = &self.s.host.rules {
                 c.arg("--rules").arg(r);
             }
+            if self.s.host.sentinel {
+                c.arg("--device-sentinel");
+            }
             if step.action != Action::Restore {
                 c.arg("-t").arg(root.to_string());
             }

@@ -32,6 +32,8 @@
 //! engine = "emulated"  # or "criu" (a real CRIU >= 4.0; skipped when absent)
 //! profile = "pr3076"   # 4.1 | 4.2 | upstream | pr3076
 //! rules = "newer"      # optional override: 4.1 | newer
+//! sentinel = true      # optional, emulated only: CRIU proposal #3105's CHECKPOINT_DEVICES(-1)
+//!                      # and RESUME_DEVICES_LATE(-1) after the per-task loops
 //! cuda_checkpoint = true   # a cuda-checkpoint in the steps' PATH
 //! force_enable = true      # CRIU_CUDA_FORCE_ENABLE=1 (no GPU here)
 //!
@@ -364,6 +366,10 @@ pub struct Host {
     /// A rule-set override.
     #[serde(default)]
     pub rules: Option<String>,
+    /// Emulated engine only: issue CRIU proposal #3105's sentinel calls (CHECKPOINT_DEVICES(-1)
+    /// and RESUME_DEVICES_LATE(-1) after the per-task loops; the engine's `--device-sentinel`).
+    #[serde(default)]
+    pub sentinel: bool,
     /// Whether a `cuda-checkpoint` is in the `PATH` of the steps (default true).
     #[serde(default = "yes")]
     pub cuda_checkpoint: bool,
@@ -704,6 +710,13 @@ impl Scenario {
         if let Some(r) = &self.host.rules {
             r.parse::<crate::profile::Rules>()
                 .map_err(|e| e.to_string())?;
+        }
+        if self.host.sentinel && self.host.engine == EngineKind::Criu {
+            return Err(
+                "host.sentinel is for the emulated engine (no released CRIU makes the #3105 \
+                 sentinel calls)"
+                    .to_owned(),
+            );
         }
         for p in &self.plugins {
             if p.kind == PluginKind::Test && p.name.is_none() {
@@ -1456,5 +1469,14 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
         assert!(Scenario::parse("s", &bad_parent).is_err());
         let bad_host = MINIMAL.replace("profile = \"4.1\"", "profile = \"9\"");
         assert!(Scenario::parse("s", &bad_host).is_err());
+        // The #3105 sentinel is a switch of the emulated engine only.
+        let sentinel = MINIMAL.replace("profile = \"4.1\"", "profile = \"4.1\"\nsentinel = true");
+        assert!(Scenario::parse("s", &sentinel).unwrap().host.sentinel);
+        let on_criu = sentinel.replace("engine = \"emulated\"", "engine = \"criu\"");
+        let e = Scenario::parse("s", &on_criu).unwrap_err().to_string();
+        assert!(
+            e.contains("host.sentinel is for the emulated engine"),
+            "{e}"
+        );
     }
 }

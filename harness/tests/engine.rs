@@ -437,6 +437,191 @@ fn enotsup_from_resume_is_harmless_under_newer_rules() {
     tree.assert_running();
 }
 
+// ---------------------------------------------------------------- the #3105 sentinel
+
+/// The hook lines (`hook NAME plugin pid=... -> ret`) of a trace, in order.
+fn hook_lines(trace: &[String], hook: &str) -> Vec<String> {
+    trace
+        .iter()
+        .filter(|l| l.starts_with(&format!("hook {hook} ")))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_sentinel_calls_each_device_loop_once_more_with_pid_minus_1_after_its_last_task() {
+    let fx = Fixture::new();
+    fx.plugin("a.so", "a", &[]);
+    let tree = Tree::spawn(&fx);
+    let root = tree.root().to_string();
+
+    // Without the switch (every released CRIU): no call for pid -1.
+    ok(
+        &run(fx.cmd("pr3076", "dump").args(["-t", &root])),
+        &fx.log(),
+    );
+    ok(&run(fx.cmd("pr3076", "restore")), &fx.log());
+    let tp = fx.take_tp_log();
+    assert!(lines_with(&tp, "_DEVICES -1 ").is_empty(), "{tp:?}");
+    assert!(lines_with(&tp, "_LATE -1 ").is_empty(), "{tp:?}");
+    fx.take_trace();
+
+    for host in ["4.1", "4.2", "upstream", "pr3076"] {
+        let out = run(fx
+            .cmd(host, "dump")
+            .args(["-t", &root, "--device-sentinel"]));
+        ok(&out, &fx.log());
+        tree.assert_parked();
+        let out = run(fx.cmd(host, "restore").arg("--device-sentinel"));
+        ok(&out, &fx.log());
+        tree.assert_running();
+        let tp = fx.take_tp_log();
+        let trace = fx.take_trace();
+        assert!(
+            trace
+                .iter()
+                .any(|l| l.ends_with("rules=4.1 sentinel") || l.ends_with("rules=newer sentinel")),
+            "{host}: {trace:?}"
+        );
+        // The tasks in tree order, then the sentinel: once per loop, last, with pid -1.
+        let pids: Vec<String> = tree.pids.iter().map(ToString::to_string).collect();
+        for (label, hook) in [
+            ("CHECKPOINT_DEVICES", "checkpoint"),
+            ("RESUME_DEVICES_LATE", "resume"),
+        ] {
+            let calls: Vec<&str> = lines_with(&tp, &format!("a {label} "))
+                .iter()
+                .map(|l| l.split(' ').nth(2).unwrap())
+                .collect();
+            let mut want: Vec<&str> = pids.iter().map(String::as_str).collect();
+            want.push("-1");
+            assert_eq!(calls, want, "{host} {hook}: {tp:?}");
+            let hooks = hook_lines(&trace, label);
+            assert_eq!(hooks.len(), 5, "{host}: {trace:?}");
+            assert_eq!(hooks[4], format!("hook {label} a pid=-1 -> 0"), "{host}");
+        }
+        // Where: the dump's sentinel comes right after the loop, before the files are dumped
+        // and before DUMP_DEVICES_LATE; the restore's before the tree is released.
+        let at = |needle: &str| {
+            trace
+                .iter()
+                .position(|l| l.starts_with(needle))
+                .unwrap_or_else(|| panic!("{host}: no `{needle}` in {trace:?}"))
+        };
+        let ck = at("hook CHECKPOINT_DEVICES a pid=-1");
+        assert_eq!(
+            trace[ck - 1],
+            "hook CHECKPOINT_DEVICES a pid=#3 -> 0",
+            "{host}"
+        );
+        let released = trace
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("released "))
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>();
+        assert!(ck < released[0], "{host}: {trace:?}");
+        if ["upstream", "pr3076"].contains(&host) {
+            assert!(ck < at("hook DUMP_DEVICES_LATE"), "{host}: {trace:?}");
+        }
+        let rs = at("hook RESUME_DEVICES_LATE a pid=-1");
+        assert_eq!(
+            trace[rs - 1],
+            "hook RESUME_DEVICES_LATE a pid=#3 -> 0",
+            "{host}"
+        );
+        assert!(rs < released[1], "{host}: {trace:?}");
+    }
+}
+
+#[test]
+fn the_sentinel_result_is_checked_as_a_task_result_of_its_loop() {
+    let fx = Fixture::new();
+    fx.plugin("a.so", "a", &[]);
+    let tree = Tree::spawn(&fx);
+    let root = tree.root().to_string();
+    let dump = |host: &str, spec: &str| {
+        run(fx
+            .cmd(host, "dump")
+            .args(["-t", &root, "--device-sentinel"])
+            .env("TP_a_checkpoint", spec))
+    };
+
+    // -ENOTSUP (a plugin that does not use it) is ignored: the dump goes on.
+    for host in ["4.2", "pr3076"] {
+        ok(&dump(host, "retat=5:-95"), &fx.log());
+        tree.assert_parked();
+        let tp = fx.take_tp_log();
+        assert!(
+            tp.contains(&"a CHECKPOINT_DEVICES -1 -> -95".to_owned()),
+            "{tp:?}"
+        );
+        assert!(tp.contains(&"a exit stage=0 ret=0".to_owned()), "{tp:?}");
+        ok(&run(fx.cmd(host, "restore")), &fx.log());
+        tree.assert_running();
+        fx.take_tp_log();
+    }
+
+    // Another error fails the dump, on every host: the tree runs again.
+    for host in ["4.2", "pr3076"] {
+        failed(&dump(host, "retat=5:-5"), &fx.log());
+        let log = fx.log();
+        assert!(
+            log.contains("CHECKPOINT_DEVICES failed with -5 for task -1"),
+            "{host}: {log}"
+        );
+        let tp = fx.take_tp_log();
+        assert!(tp.contains(&"a exit stage=0 ret=-1".to_owned()), "{tp:?}");
+        tree.assert_running();
+        assert!(!fx.img().join("inventory.json").exists());
+    }
+
+    // A loop that stops at a task's error never reaches the sentinel.
+    failed(&dump("pr3076", "retat=2:-5"), &fx.log());
+    let tp = fx.take_tp_log();
+    assert_eq!(lines_with(&tp, "a CHECKPOINT_DEVICES").len(), 2, "{tp:?}");
+    assert!(
+        lines_with(&tp, "CHECKPOINT_DEVICES -1").is_empty(),
+        "{tp:?}"
+    );
+    tree.assert_running();
+
+    // RESUME_DEVICES_LATE(-1): an error fails the restore under the newer rules, where a task's
+    // error does; under the 4.1 rules it is only logged, as a task's is.
+    for (host, fatal) in [("pr3076", true), ("4.2", false)] {
+        ok(&dump(host, ""), &fx.log());
+        tree.assert_parked();
+        fx.take_tp_log();
+        let out = run(fx
+            .cmd(host, "restore")
+            .arg("--device-sentinel")
+            .env("TP_a_resume", "retat=5:-5"));
+        let tp = fx.take_tp_log();
+        assert!(
+            tp.contains(&"a RESUME_DEVICES_LATE -1 -> -5".to_owned()),
+            "{tp:?}"
+        );
+        if fatal {
+            failed(&out, &fx.log());
+            assert!(
+                fx.log()
+                    .contains("RESUME_DEVICES_LATE failed with -5 for task -1"),
+                "{}",
+                fx.log()
+            );
+            tree.assert_parked();
+            ok(&run(fx.cmd(host, "restore")), &fx.log());
+            fx.take_tp_log();
+        } else {
+            ok(&out, &fx.log());
+            assert!(fx
+                .log()
+                .contains("restore late stage hook for external plugin failed"));
+        }
+        tree.assert_running();
+    }
+}
+
 // ---------------------------------------------------------------- inventory
 
 #[test]
