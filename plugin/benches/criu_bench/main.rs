@@ -45,7 +45,7 @@
 //! It skips (exit 0) when not root or when no CRIU is found. A failed sample keeps its
 //! directory (images, CRIU logs, world) and prints its path; `CRIU_BENCH_KEEP=1` keeps all.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
