@@ -11,7 +11,7 @@
 # configuration is interleaved within each round, but absolute times still follow the load.
 # Output: tables on stdout, <target-dir>/bench/criu_bench.{md,csv,json}, docs/performance.svg.
 # Extra options go to the benchmark, e.g. `--criu /usr/sbin/criu`, `--sizes 1,8,32,64`,
-# `--no-emulated`, `--no-scenarios`, `--no-svg` (see plugin/benches/criu_bench.rs).
+# `--no-emulated`, `--no-scenarios`, `--no-svg` (see plugin/benches/criu_bench/main.rs).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
