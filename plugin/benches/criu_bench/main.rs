@@ -5,7 +5,7 @@
 //! # What one run measures
 //!
 //! 1. **Real CRIU** (4.2.x if present, else 4.1.x; `--criu PATH` to choose): dump + restore of
-//!    trees of N = 1, 8, 32 processes (`--sizes`) in three configurations,
+//!    trees of N = 1, 8, 32 processes (`--sizes`) in each configuration (`--configs` picks some):
 //!    - `driver-api`: `mock-cuda-app --kib 64 --children N-1 --child-args "--kib 64"` (N mock
 //!      CUDA processes) with the plugin, `cuda_plugin.backend=driver-api`;
 //!    - `cuda-checkpoint`: the same tree with `cuda_plugin.backend=cuda-checkpoint`;
@@ -15,7 +15,9 @@
 //!      `cuda-checkpoint` with `cuda_plugin.parallel=auto` (every task's checkpoint and restore
 //!      at the first hook call of CRIU's loop);
 //!    - `plain`: the same tree with `--cpu-only` (no driver loaded) and an empty plugin
-//!      directory (no plugin at all).
+//!      directory (no plugin at all);
+//!    - `c-plugin`: CRIU's own C `cuda_plugin.so` of the same CRIU (built by
+//!      `scripts/fetch-criu.sh --c-plugin`, enabled with `CRIU_FAULT=138`), where it was built.
 //!
 //!    Every round runs every (N, configuration) pair once, in an order rotated per round, so
 //!    drift in the machine's load hits all configurations alike; min and median over the rounds
@@ -42,7 +44,7 @@
 //! `--configs NAME,...` (`--help` lists them).
 //!
 //! Without `--bench` on the command line (`cargo test --all-targets` runs bench targets that
-//! way) it is a smoke test: one round of N=1 in the three configurations, nothing written.
+//! way) it is a smoke test: one round of N=1 in every configuration, nothing written.
 //! It skips (exit 0) when not root or when no CRIU is found. A failed sample keeps its
 //! directory (images, CRIU logs, world) and prints its path; `CRIU_BENCH_KEEP=1` keeps all.
 //!
