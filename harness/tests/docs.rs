@@ -62,6 +62,8 @@
 //! (run `scripts/dist.sh` first); without them they skip, or fail with
 //! `CRIU_CUDA_REQUIRE_DIST=1`.
 //!
+//! Every `toml` block of `docs/scenarios.md` must parse as a scenario (`harness::scenario`).
+//!
 //! # Messages
 //!
 //! `docs/messages.rs` (trials named `troubleshooting: …`) checks `docs/troubleshooting.md`
@@ -85,6 +87,9 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+
+/// The scenario format's reference: each of its `toml` blocks must parse as a scenario.
+const SCENARIOS_DOC: &str = "docs/scenarios.md";
 
 #[path = "docs/messages.rs"]
 mod messages;
@@ -1952,6 +1957,19 @@ fn trials() -> Vec<Trial> {
         }
     }));
     out.extend(messages::trials());
+    // The format's reference: its examples must be scenarios the runner accepts.
+    for b in blocks
+        .iter()
+        .filter(|b| b.file == SCENARIOS_DOC && b.lang == "toml")
+    {
+        let name = format!("{}:scenario", b.at());
+        let (at, text) = (b.at(), b.text.clone());
+        out.push(Trial::test(name.clone(), move || {
+            let s = harness::scenario::Scenario::parse(&at, &text).map_err(|e| e.to_string())?;
+            println!("    {name}: ok: parses ({} step(s))", s.steps.len());
+            Ok(())
+        }));
+    }
     for b in blocks {
         let Some(check) = b.check.clone() else {
             continue;
