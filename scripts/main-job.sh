@@ -45,7 +45,7 @@ if [ "$no_criu" -gt 0 ]; then
     cat <<MSG
 
 main-job.sh: ************************************************************************
-main-job.sh: WARNING: $no_criu scenario(s) on real CRIU were NOT RUN: no CRIU $series here.
+main-job.sh: WARNING: $no_criu scenario(s) on real CRIU were NOT RUN (no CRIU $series found).
 main-job.sh: They are the ones closest to what users run. To fetch CRIU (into target/criu,
 main-job.sh: nothing installed on the system) and run them, run:
 main-job.sh:     bash scripts/fetch-criu.sh && bash scripts/main-job.sh

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced (not run) by scripts/test.sh and scripts/main-job.sh: fetch real CRIU 4.1.x/4.2.x
 # into target/criu (scripts/fetch-criu.sh, a fast no-op once present) and advertise it to the
 # tests and the harness. The caller defines note() (prints one line) and runs from the
