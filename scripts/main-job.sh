@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Main job: build the plugin and the mocks in release mode, then run the hardware-free
-# scenario matrix with the harness and print its summary. Exits with the harness's
-# status. Extra arguments are passed to `harness run` after the scenario directory.
+# Main job: fetch real CRIU 4.1.x/4.2.x into target/criu as scripts/test.sh does
+# (scripts/fetch-criu.sh, a fast no-op once present; scripts/lib/criu-env.sh), build the
+# plugin and the mocks in release mode, then run the hardware-free scenario matrix with the
+# harness and print its summary. Scenarios on a real CRIU that is still absent are skipped,
+# and the summary says so loudly, with the command that would run them. Exits with the
+# harness's status. Extra arguments are passed to `harness run` after the scenario directory.
+#
+# Environment read: CRIU_CUDA_SKIP_FETCH=1 (do not fetch), CRIU_CUDA_REQUIRE_CRIU=1 (a failed
+# fetch is fatal, and so is a real-CRIU scenario without its CRIU), as for scripts/test.sh.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$repo"
+
+note() { printf 'main-job.sh: %s\n' "$*"; }
 
 target_dir=${CARGO_TARGET_DIR:-$repo/target}
 case "$target_dir" in
@@ -13,16 +21,36 @@ case "$target_dir" in
 *) target_dir=$repo/$target_dir ;;
 esac
 
-echo "main-job.sh: cargo build --release --workspace"
+# shellcheck source=scripts/lib/criu-env.sh
+. scripts/lib/criu-env.sh
+criu_env_setup || exit 1
+
+note "cargo build --release --workspace"
 cargo build --release --workspace
 
 harness=$target_dir/release/harness
 [ -x "$harness" ] || {
-    echo "main-job.sh: error: $harness was not built" >&2
+    note "error: $harness was not built" >&2
     exit 1
 }
-echo "main-job.sh: $harness run scenarios/ $*"
+note "$harness run scenarios/ $*"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 status=0
-"$harness" run scenarios/ "$@" || status=$?
-echo "main-job.sh: harness exited with status $status"
+"$harness" run scenarios/ "$@" | tee "$out" || status=$?
+# `harness run` marks a scenario whose real CRIU is absent "skip: no CRIU <series> found".
+no_criu=$(grep -c 'skip: no CRIU' "$out" || true)
+if [ "$no_criu" -gt 0 ]; then
+    series=$(grep -o 'skip: no CRIU [^ ]*' "$out" | sort -u | sed 's/skip: no CRIU //' | paste -sd' ' -)
+    cat <<MSG
+
+main-job.sh: ************************************************************************
+main-job.sh: WARNING: $no_criu scenario(s) on real CRIU were NOT RUN (no CRIU $series found).
+main-job.sh: They are the ones closest to what users run. To fetch CRIU (into target/criu,
+main-job.sh: nothing installed on the system) and run them, run:
+main-job.sh:     bash scripts/fetch-criu.sh && bash scripts/main-job.sh
+main-job.sh: ************************************************************************
+MSG
+fi
+note "harness exited with status $status"
 exit "$status"

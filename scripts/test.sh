@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # All tests: fetch real CRIU 4.1.x/4.2.x into target/criu (scripts/fetch-criu.sh; a
-# fast no-op once present), then `cargo test --workspace --all-targets` and the
-# doctests. Exits non-zero on any failure.
+# fast no-op once present; scripts/lib/criu-env.sh, shared with scripts/main-job.sh),
+# then `cargo test --workspace --all-targets` and the doctests. Exits non-zero on any failure.
 #
 # Environment read:
 #   CRIU_CUDA_SKIP_FETCH=1     do not run scripts/fetch-criu.sh (a copy already in
@@ -34,30 +34,9 @@ cd "$repo"
 
 note() { printf 'test.sh: %s\n' "$*"; }
 
-if [ "${CRIU_CUDA_SKIP_FETCH:-0}" = 1 ]; then
-    note "CRIU_CUDA_SKIP_FETCH=1: not fetching CRIU"
-elif ! bash scripts/fetch-criu.sh; then
-    if [ "${CRIU_CUDA_REQUIRE_CRIU:-0}" = 1 ]; then
-        note "error: scripts/fetch-criu.sh failed and CRIU_CUDA_REQUIRE_CRIU=1" >&2
-        exit 1
-    fi
-    note "warning: scripts/fetch-criu.sh failed; tests that need real CRIU will skip" >&2
-fi
-
-versions=${CRIU_CUDA_CRIU_DIR:-$repo/target/criu}/versions
-if [ -f "$versions" ]; then
-    export CRIU_CUDA_CRIU_VERSIONS=${CRIU_CUDA_CRIU_VERSIONS:-$versions}
-    while read -r ver wrapper; do
-        [ -x "$wrapper" ] || continue
-        case "$ver" in
-        4.1 | 4.1.*) export CRIU_CUDA_CRIU_4_1=${CRIU_CUDA_CRIU_4_1:-$wrapper} ;;
-        4.2 | 4.2.*) export CRIU_CUDA_CRIU_4_2=${CRIU_CUDA_CRIU_4_2:-$wrapper} ;;
-        esac
-    done <"$versions"
-fi
-note "CRIU_CUDA_CRIU_VERSIONS=${CRIU_CUDA_CRIU_VERSIONS:-<unset>}"
-note "CRIU_CUDA_CRIU_4_1=${CRIU_CUDA_CRIU_4_1:-<unset>}"
-note "CRIU_CUDA_CRIU_4_2=${CRIU_CUDA_CRIU_4_2:-<unset>}"
+# shellcheck source=scripts/lib/criu-env.sh
+. scripts/lib/criu-env.sh
+criu_env_setup || exit 1
 if [ "$(id -u)" != 0 ]; then
     note "warning: not root; tests that ptrace or run CRIU may skip or fail"
 fi

@@ -62,6 +62,14 @@
 //! (run `scripts/dist.sh` first); without them they skip, or fail with
 //! `CRIU_CUDA_REQUIRE_DIST=1`.
 //!
+//! Every `toml` block of `docs/scenarios.md` must parse as a scenario (`harness::scenario`).
+//!
+//! # Messages
+//!
+//! `docs/messages.rs` (trials named `troubleshooting: …`) checks `docs/troubleshooting.md`
+//! against the plugin's code, both ways: each message the doc lists is in `plugin/src`, and each
+//! `#[error]` message of the plugin is in the doc (its module documentation has the rules).
+//!
 //! Run: `cargo test -p harness --test docs [-- FILTER]`, e.g. `-- README.md:`.
 //! `DOCS_CHECK_KEEP=1` keeps every block's directory. A block that runs longer than 120 s (900 s
 //! when it runs `cargo`; `DOCS_CHECK_TIMEOUT=SECONDS` overrides both) is killed and fails.
@@ -79,6 +87,12 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+
+/// The scenario format's reference: each of its `toml` blocks must parse as a scenario.
+const SCENARIOS_DOC: &str = "docs/scenarios.md";
+
+#[path = "docs/messages.rs"]
+mod messages;
 
 const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
@@ -1942,6 +1956,20 @@ fn trials() -> Vec<Trial> {
             .into())
         }
     }));
+    out.extend(messages::trials());
+    // The format's reference: its examples must be scenarios the runner accepts.
+    for b in blocks
+        .iter()
+        .filter(|b| b.file == SCENARIOS_DOC && b.lang == "toml")
+    {
+        let name = format!("{}:scenario", b.at());
+        let (at, text) = (b.at(), b.text.clone());
+        out.push(Trial::test(name.clone(), move || {
+            let s = harness::scenario::Scenario::parse(&at, &text).map_err(|e| e.to_string())?;
+            println!("    {name}: ok: parses ({} step(s))", s.steps.len());
+            Ok(())
+        }));
+    }
     for b in blocks {
         let Some(check) = b.check.clone() else {
             continue;
