@@ -35,7 +35,7 @@ unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
 ///
 /// # Safety
 /// `msg` must point at `len` readable bytes.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_log(level: c_uint, msg: *const c_char, len: usize) {
     if msg.is_null() {
         return;
@@ -46,7 +46,7 @@ pub unsafe extern "C" fn harness_rs_log(level: c_uint, msg: *const c_char, len: 
 }
 
 /// `log_get_loglevel`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_loglevel() -> c_uint {
     log::level()
 }
@@ -55,7 +55,7 @@ pub extern "C" fn harness_rs_loglevel() -> c_uint {
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_add_inventory_plugin(name: *const c_char) -> c_int {
     // SAFETY: guaranteed by the caller.
     let Some(name) = (unsafe { bytes(name) }) else {
@@ -70,7 +70,7 @@ pub unsafe extern "C" fn harness_rs_add_inventory_plugin(name: *const c_char) ->
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string. `n` is only used under the 4.1 rules.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_check_and_remove_inventory_plugin(
     name: *const c_char,
     n: usize,
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn harness_rs_check_and_remove_inventory_plugin(
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_has_inventory_plugin(name: *const c_char) -> bool {
     // SAFETY: guaranteed by the caller.
     let Some(name) = (unsafe { bytes(name) }) else {
@@ -96,25 +96,25 @@ pub unsafe extern "C" fn harness_rs_has_inventory_plugin(name: *const c_char) ->
 }
 
 /// `check_inventory_plugins`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_check_inventory_plugins() -> c_int {
     guard(-1, host::check_inventory_plugins)
 }
 
 /// `criu_get_image_dir`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_get_image_dir() -> c_int {
     host::image_dir_fd()
 }
 
 /// `set_compel_interrupt_only_mode`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_set_interrupt_only_mode() {
     guard((), host::set_interrupt_only_mode);
 }
 
 /// `alarm_timeouted`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_alarm_timeouted() -> bool {
     host::alarm_timeouted()
 }
@@ -123,7 +123,7 @@ pub extern "C" fn harness_rs_alarm_timeouted() -> bool {
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_img_streamer_open(name: *const c_char, flags: c_int) -> c_int {
     // SAFETY: guaranteed by the caller.
     let Some(name) = (unsafe { bytes(name) }) else {
@@ -156,7 +156,7 @@ pub type FreeStatusFn =
 /// `get_status`, when not NULL, must be callable with `ss` and `data` (CRIU's
 /// `parse_pid_status` needs `ss` to be the first member of a `struct proc_status_creds`); the
 /// same for `free_status`; `ss` must be valid for reads and writes of a `seize_task_status`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_compel_wait_task(
     pid: c_int,
     ppid: c_int,
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn harness_rs_compel_wait_task(
 /// # Safety
 /// `ss` must be NULL or point at the `s` member of a writable `struct proc_status_creds`
 /// (CRIU's own function writes the whole structure through `container_of` too).
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_parse_pid_status(
     pid: c_int,
     ss: *mut SeizeTaskStatus,
@@ -249,7 +249,7 @@ pub unsafe extern "C" fn harness_rs_parse_pid_status(
 }
 
 /// `find_unused_fd_pid(pid)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_find_unused_fd_pid(pid: c_int) -> c_int {
     guard(-1, || crate::compel::find_unused_fd(pid))
 }
@@ -272,7 +272,7 @@ static ARGV_BLOCKS: Mutex<Vec<ArgvBlock>> = Mutex::new(Vec::new());
 ///
 /// # Safety
 /// `argc` and `argv` must be NULL or valid for a write.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_get_options(
     argc: *mut c_int,
     argv: *mut *mut *mut c_char,
