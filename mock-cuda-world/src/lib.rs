@@ -25,6 +25,7 @@ pub mod elf;
 pub mod faults;
 #[expect(unsafe_code, reason = "the one module allowed to hold unsafe code")]
 pub mod ffi;
+pub mod panic_guard;
 pub mod pidns;
 pub mod rates;
 pub mod state;

@@ -18,8 +18,8 @@ use abi::nvml::{
     NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo, NvmlReturn, NVML_MEMORY_V2,
     NVML_VALUE_NOT_AVAILABLE_UINT,
 };
+use mock_cuda_world::panic_guard;
 use std::ffi::{c_char, c_uint, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Most devices a handle can name.
 pub const MAX_DEVICES: usize = 256;
@@ -41,15 +41,12 @@ fn index_of(device: NvmlDevice) -> Option<usize> {
     (offset < MAX_DEVICES).then_some(offset)
 }
 
-/// Runs `f` under the panic guard, turning `Result<(), NvmlReturn>` into an `NvmlReturn`.
+/// Runs `f` under the panic guard ([`panic_guard::guard`]; a panic is `NVML_ERROR_UNKNOWN`),
+/// turning `Result<(), NvmlReturn>` into an `NvmlReturn`.
 fn guard(name: &str, f: impl FnOnce() -> Result<(), NvmlReturn>) -> NvmlReturn {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => NvmlReturn::SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            eprintln!("mock-nvml: {name} panicked; returning NVML_ERROR_UNKNOWN");
-            NvmlReturn::ERROR_UNKNOWN
-        }
+    match panic_guard::guard("mock-nvml", name, Err(NvmlReturn::ERROR_UNKNOWN), f) {
+        Ok(()) => NvmlReturn::SUCCESS,
+        Err(code) => code,
     }
 }
 
@@ -111,10 +108,12 @@ pub extern "C" fn nvmlShutdown() -> NvmlReturn {
 /// for a code the stand-in does not know). Works without initialisation.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
-    catch_unwind(|| result.description_cstr().as_ptr()).unwrap_or_else(|_| {
-        eprintln!("mock-nvml: nvmlErrorString panicked; returning \"Unknown Error\"");
-        c"Unknown Error".as_ptr()
-    })
+    panic_guard::guard(
+        "mock-nvml",
+        "nvmlErrorString",
+        c"Unknown Error".as_ptr(),
+        || result.description_cstr().as_ptr(),
+    )
 }
 
 /// `nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)`.

@@ -22,18 +22,15 @@ use abi::{
     CUcheckpointCheckpointArgs, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
     CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid, GpuUuid,
 };
+use mock_cuda_world::panic_guard;
 use std::ffi::{c_char, c_int, c_uchar, c_uint, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Runs `f` under the panic guard, turning `Result<(), CUresult>` into a `CUresult`.
+/// Runs `f` under the panic guard ([`panic_guard::guard`]; a panic is `CUDA_ERROR_UNKNOWN`),
+/// turning `Result<(), CUresult>` into a `CUresult`.
 fn guard(name: &str, f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => CUresult::SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            eprintln!("mock-libcuda: {name} panicked; returning CUDA_ERROR_UNKNOWN");
-            CUresult::ERROR_UNKNOWN
-        }
+    match panic_guard::guard("mock-libcuda", name, Err(CUresult::ERROR_UNKNOWN), f) {
+        Ok(()) => CUresult::SUCCESS,
+        Err(code) => code,
     }
 }
 
@@ -419,25 +416,27 @@ pub unsafe extern "C" fn cuGetExportTable(
 
 /// Slot 7 of the export table: `int run(int argc, char **argv)`, the whole command line.
 unsafe extern "C" fn cli_entry(argc: c_int, argv: *mut *mut c_char) -> c_int {
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        let mut args = Vec::new();
-        if !argv.is_null() {
-            for i in 0..usize::try_from(argc).unwrap_or(0) {
-                // SAFETY: argv holds argc valid pointers (the C main contract).
-                let p = unsafe { *argv.add(i) };
-                if p.is_null() {
-                    break;
+    let unknown = c_int::from(CUresult::ERROR_UNKNOWN.exit_status());
+    panic_guard::guard(
+        "mock-libcuda",
+        "the cuda-checkpoint command line",
+        unknown,
+        || {
+            let mut args = Vec::new();
+            if !argv.is_null() {
+                for i in 0..usize::try_from(argc).unwrap_or(0) {
+                    // SAFETY: argv holds argc valid pointers (the C main contract).
+                    let p = unsafe { *argv.add(i) };
+                    if p.is_null() {
+                        break;
+                    }
+                    // SAFETY: each argv entry is a NUL-terminated string.
+                    args.push(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
                 }
-                // SAFETY: each argv entry is a NUL-terminated string.
-                args.push(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
             }
-        }
-        crate::cli_entry::run_command_line(&args)
-    }));
-    r.unwrap_or_else(|_| {
-        eprintln!("mock-libcuda: the cuda-checkpoint command line panicked");
-        c_int::from(CUresult::ERROR_UNKNOWN.exit_status())
-    })
+            crate::cli_entry::run_command_line(&args)
+        },
+    )
 }
 
 // ----------------------------------------------------------------------------- checkpoint API
