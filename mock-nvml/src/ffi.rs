@@ -8,10 +8,11 @@
 //! stable for the life of the process, never dereferenced by anyone, and told apart from any
 //! other pointer by its address alone.
 
-#![allow(non_snake_case)]
-// Each export's safety contract is NVML's: every pointer argument is NULL or valid for the
-// access the NVML reference documents (see the module documentation).
-#![allow(clippy::missing_safety_doc)]
+#![expect(
+    clippy::missing_safety_doc,
+    reason = "each export's safety contract is NVML's: every pointer argument is NULL or valid \
+              for the access the NVML reference documents (see the module documentation)"
+)]
 
 use crate::nvml;
 use abi::nvml::{

@@ -8,10 +8,11 @@
 //! zero. GPU pairs in restore arguments are read only when the world's driver is CUDA 13.0 or
 //! newer; below that those bytes are reserved too.
 
-#![allow(non_snake_case)]
-// Each export's safety contract is the C API's: every pointer argument is NULL or valid for the
-// access the driver API documents (see the module documentation).
-#![allow(clippy::missing_safety_doc)]
+#![expect(
+    clippy::missing_safety_doc,
+    reason = "each export's safety contract is the C API's: every pointer argument is NULL or \
+              valid for the access the driver API documents (see the module documentation)"
+)]
 
 use crate::driver;
 use abi::cuda::{
