@@ -1028,7 +1028,10 @@ impl Exec<'_> {
     /// Applies `f` to image `name` (its bytes, `None` when absent; it returns the new bytes or
     /// `None` to delete): a file of the image directory, or an entry of the stream file when the
     /// dump was streamed. Returns the bytes before and after, and whether it was streamed.
-    #[allow(clippy::type_complexity)]
+    #[expect(
+        clippy::type_complexity,
+        reason = "the bytes before and after and whether the dump was streamed, named once here"
+    )]
     fn edit_image(
         &self,
         name: &str,

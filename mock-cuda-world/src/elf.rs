@@ -4,7 +4,12 @@
 //! The name of each hidden symbol in `.dynstr` is renamed in place (its first byte becomes
 //! `X`, keeping its length), which is enough for the dynamic loader: lookups compare names, so
 //! the old name is no longer found. Only ELF64 little-endian images (x86-64, aarch64) are
-//! handled; anything else is a clear error.
+//! handled; anything else is a clear error. The image is read with the `object` crate's ELF
+//! reader, so a truncated or malformed image is an error too, never a panic.
+
+use object::elf;
+use object::read::elf::{Dyn as _, FileHeader as _, SectionHeader as _, SectionTable, Sym as _};
+use object::LittleEndian;
 
 /// Why an image could not be patched.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -19,77 +24,58 @@ pub enum ElfError {
     Missing(String),
 }
 
-fn u16_at(b: &[u8], o: usize) -> Result<u16, ElfError> {
-    b.get(o..o + 2)
-        .map(|s| u16::from_le_bytes([s[0], s[1]]))
-        .ok_or(ElfError::Malformed("short read"))
-}
-fn u32_at(b: &[u8], o: usize) -> Result<u32, ElfError> {
-    b.get(o..o + 4)
-        .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
-        .ok_or(ElfError::Malformed("short read"))
-}
-fn u64_at(b: &[u8], o: usize) -> Result<u64, ElfError> {
-    b.get(o..o + 8)
-        .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
-        .ok_or(ElfError::Malformed("short read"))
-}
-fn usize_of(v: u64) -> Result<usize, ElfError> {
-    usize::try_from(v).map_err(|_| ElfError::Malformed("offset out of range"))
-}
+type Header = elf::FileHeader64<LittleEndian>;
 
-/// The defined dynamic symbols of an image and the `.dynstr` offset of each name.
-fn dynamic_symbols(image: &[u8]) -> Result<Vec<(String, usize)>, ElfError> {
+/// The header and section table of an ELF64 little-endian image (read by `object`, which checks
+/// every offset and size against the image).
+fn sections(image: &[u8]) -> Result<(LittleEndian, SectionTable<'_, Header>), ElfError> {
     if image.len() < 64 || &image[..4] != b"\x7fELF" || image[4] != 2 || image[5] != 1 {
         return Err(ElfError::NotElf64);
     }
-    let shoff = usize_of(u64_at(image, 0x28)?)?;
-    let shentsize = usize::from(u16_at(image, 0x3a)?);
-    let shnum = usize::from(u16_at(image, 0x3c)?);
-    if shentsize < 64 {
-        return Err(ElfError::Malformed("section header size"));
-    }
-    let section = |i: usize| -> Result<(u32, usize, usize, u32, usize), ElfError> {
-        let h = shoff + i * shentsize;
-        Ok((
-            u32_at(image, h + 4)?,
-            usize_of(u64_at(image, h + 0x18)?)?,
-            usize_of(u64_at(image, h + 0x20)?)?,
-            u32_at(image, h + 0x28)?,
-            usize_of(u64_at(image, h + 0x38)?)?,
-        ))
-    };
-    const SHT_DYNSYM: u32 = 11;
-    let (_, off, size, link, entsize) = (0..shnum)
-        .map(section)
-        .find(|s| matches!(s, Ok((SHT_DYNSYM, ..))))
-        .ok_or(ElfError::NoDynsym)??;
-    let (_, str_off, str_size, _, _) = section(link as usize)?;
-    if entsize < 24
-        || off.checked_add(size).is_none_or(|e| e > image.len())
-        || str_off
-            .checked_add(str_size)
-            .is_none_or(|e| e > image.len())
+    let header = Header::parse(image).map_err(|_| ElfError::Malformed("ELF header"))?;
+    let endian = header
+        .endian()
+        .map_err(|_| ElfError::Malformed("ELF header"))?;
+    let sections = header
+        .sections(endian, image)
+        .map_err(|_| ElfError::Malformed("section headers"))?;
+    Ok((endian, sections))
+}
+
+/// The defined dynamic symbols of an image and the file offset of each name (in `.dynstr`).
+fn dynamic_symbols(image: &[u8]) -> Result<Vec<(String, usize)>, ElfError> {
+    let (endian, sections) = sections(image)?;
+    if !sections
+        .iter()
+        .any(|s| s.sh_type(endian) == elf::SHT_DYNSYM)
     {
-        return Err(ElfError::Malformed("dynamic symbol table bounds"));
+        return Err(ElfError::NoDynsym);
     }
+    let symbols = sections
+        .symbols(endian, image, elf::SHT_DYNSYM)
+        .map_err(|_| ElfError::Malformed("dynamic symbol table bounds"))?;
+    let dynstr = sections
+        .section(symbols.string_section())
+        .map_err(|_| ElfError::Malformed("dynamic symbol table bounds"))?;
+    // Both are within the image: `object` checked the string table's bounds.
+    let str_off = usize::try_from(dynstr.sh_offset(endian))
+        .map_err(|_| ElfError::Malformed("offset out of range"))?;
+    let str_size = dynstr.sh_size(endian);
+    let strings = symbols.strings();
     let mut out = Vec::new();
-    for i in 0..size / entsize {
-        let sym = off + i * entsize;
-        let name = u32_at(image, sym)? as usize;
-        let shndx = u16_at(image, sym + 6)?;
-        if name == 0 || shndx == 0 || name >= str_size {
+    for sym in symbols.iter() {
+        let name = sym.st_name(endian);
+        if name == 0 || sym.st_shndx(endian) == elf::SHN_UNDEF || u64::from(name) >= str_size {
             continue;
         }
-        let start = str_off + name;
-        let end = image[start..str_off + str_size]
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or(ElfError::Malformed("unterminated name"))?;
-        out.push((
-            String::from_utf8_lossy(&image[start..start + end]).into_owned(),
-            start,
-        ));
+        let text = strings
+            .get(name)
+            .map_err(|()| ElfError::Malformed("unterminated name"))?;
+        let at = usize::try_from(name)
+            .ok()
+            .and_then(|n| str_off.checked_add(n))
+            .ok_or(ElfError::Malformed("offset out of range"))?;
+        out.push((String::from_utf8_lossy(text).into_owned(), at));
     }
     Ok(out)
 }
@@ -104,46 +90,24 @@ pub fn exported_names(image: &[u8]) -> Result<Vec<String>, ElfError> {
 
 /// The `DT_SONAME` of an image (the name the dynamic loader knows it by), if it has one.
 pub fn soname(image: &[u8]) -> Result<Option<String>, ElfError> {
-    if image.len() < 64 || &image[..4] != b"\x7fELF" || image[4] != 2 || image[5] != 1 {
-        return Err(ElfError::NotElf64);
-    }
-    let shoff = usize_of(u64_at(image, 0x28)?)?;
-    let shentsize = usize::from(u16_at(image, 0x3a)?);
-    let shnum = usize::from(u16_at(image, 0x3c)?);
-    const SHT_DYNAMIC: u32 = 6;
-    const DT_NULL: u64 = 0;
-    const DT_SONAME: u64 = 14;
-    let header = |i: usize| -> Result<(u32, usize, usize, u32), ElfError> {
-        let h = shoff + i * shentsize;
-        Ok((
-            u32_at(image, h + 4)?,
-            usize_of(u64_at(image, h + 0x18)?)?,
-            usize_of(u64_at(image, h + 0x20)?)?,
-            u32_at(image, h + 0x28)?,
-        ))
-    };
-    let Some((_, off, size, link)) = (0..shnum)
-        .map(header)
-        .find(|s| matches!(s, Ok((SHT_DYNAMIC, ..))))
-        .transpose()?
+    let (endian, sections) = sections(image)?;
+    let Some((entries, link)) = sections
+        .dynamic(endian, image)
+        .map_err(|_| ElfError::Malformed("dynamic section bounds"))?
     else {
         return Ok(None);
     };
-    let (_, str_off, str_size, _) = header(link as usize)?;
-    for e in (off..off + size).step_by(16) {
-        match u64_at(image, e)? {
-            DT_NULL => break,
-            DT_SONAME => {
-                let name = usize_of(u64_at(image, e + 8)?)?;
-                let start = str_off + name;
-                let text = image
-                    .get(start..str_off + str_size)
-                    .ok_or(ElfError::Malformed("SONAME outside .dynstr"))?;
-                let end = text
-                    .iter()
-                    .position(|&b| b == 0)
-                    .ok_or(ElfError::Malformed("unterminated name"))?;
-                return Ok(Some(String::from_utf8_lossy(&text[..end]).into_owned()));
+    let strings = sections
+        .strings(endian, image, link)
+        .map_err(|_| ElfError::Malformed("dynamic string table"))?;
+    for entry in entries {
+        match entry.d_tag(endian) {
+            elf::DT_NULL => break,
+            elf::DT_SONAME => {
+                let name = entry
+                    .string(endian, strings)
+                    .map_err(|_| ElfError::Malformed("SONAME outside .dynstr"))?;
+                return Ok(Some(String::from_utf8_lossy(name).into_owned()));
             }
             _ => {}
         }
@@ -188,5 +152,61 @@ mod tests {
         fake[4] = 2;
         fake[5] = 1;
         assert!(hide_dynamic_symbols(&fake, &["cuInit"]).is_err());
+    }
+
+    /// The test executable itself: a dynamically linked ELF64 little-endian image.
+    fn this_executable() -> Vec<u8> {
+        std::fs::read("/proc/self/exe").expect("reading /proc/self/exe")
+    }
+
+    #[test]
+    fn reads_a_real_image() {
+        let image = this_executable();
+        let names = exported_names(&image).expect("the test executable has a .dynsym");
+        let hidden = hide_dynamic_symbols(&image, &[]).expect("nothing to hide");
+        assert_eq!(exported_names(&hidden).unwrap(), names);
+        assert!(soname(&image).is_ok());
+    }
+
+    #[test]
+    fn a_truncated_image_is_an_error() {
+        let image = this_executable();
+        // The section headers are at the end of the file: every cut loses some of them.
+        for len in [64, 65, 200, 4096, image.len() / 2, image.len() - 1] {
+            let cut = &image[..len];
+            assert!(
+                matches!(exported_names(cut), Err(ElfError::Malformed(_))),
+                "{len} bytes"
+            );
+            assert!(
+                matches!(soname(cut), Err(ElfError::Malformed(_))),
+                "{len} bytes"
+            );
+            assert!(hide_dynamic_symbols(cut, &[]).is_err(), "{len} bytes");
+        }
+    }
+
+    /// A header whose section table lies past the end of the address space (the hand-written
+    /// reader computed `shoff + i * shentsize` unchecked).
+    #[test]
+    fn offsets_past_the_end_are_an_error() {
+        let mut header = this_executable()[..64].to_vec();
+        header[0x28..0x30].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+        header[0x3c..0x3e].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(exported_names(&header).is_err());
+        assert!(soname(&header).is_err());
+    }
+
+    proptest::proptest! {
+        /// Garbage after a valid ELF64 little-endian identification is an error or a result,
+        /// never a panic.
+        #[test]
+        fn garbage_never_panics(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let mut image = b"\x7fELF\x02\x01\x01\x00".to_vec();
+            image.extend_from_slice(&body);
+            let _ = exported_names(&image);
+            let _ = soname(&image);
+            let _ = hide_dynamic_symbols(&image, &["cuInit"]);
+        }
     }
 }

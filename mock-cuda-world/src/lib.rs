@@ -18,10 +18,14 @@
 //! host pid (module [`pidns`]): a process in a container is found by its host pid, and a
 //! process CRIU restored into new namespaces is still the same process of the world.
 
+#![deny(unsafe_code)]
+
 pub mod config;
 pub mod elf;
 pub mod faults;
+#[expect(unsafe_code, reason = "the one module allowed to hold unsafe code")]
 pub mod ffi;
+pub mod panic_guard;
 pub mod pidns;
 pub mod rates;
 pub mod state;

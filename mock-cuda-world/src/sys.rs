@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 /// An exclusive `flock(2)` on a file, released on drop.
 #[derive(Debug)]
-pub struct FileLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
+pub struct FileLock(
+    #[expect(dead_code, reason = "held only for its drop, which releases the lock")]
+    nix::fcntl::Flock<File>,
+);
 
 impl FileLock {
     /// Takes the lock, retrying until `deadline`. `Err(None)` means the deadline passed.

@@ -13,11 +13,17 @@
 //!   library.
 //! * [`ffi`] holds the C ABI (all `unsafe` code).
 
+#![deny(unsafe_code)]
+
 pub mod cli;
 pub mod cli_api;
 pub mod cli_entry;
 pub mod devmem;
 pub mod driver;
+#[expect(
+    unsafe_code,
+    reason = "the one module tree allowed to hold unsafe code"
+)]
 pub mod ffi;
 pub mod target;
 pub mod visible;

@@ -1,6 +1,10 @@
 //! Shared test support: worlds in temporary directories and mock workloads in them.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "shared by several test binaries, each of which uses only part of it: an item is \
+              dead in some of them only"
+)]
 
 use mock_libcuda::world::config::WorldConfig;
 use mock_libcuda::world::World;

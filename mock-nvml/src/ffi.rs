@@ -8,18 +8,19 @@
 //! stable for the life of the process, never dereferenced by anyone, and told apart from any
 //! other pointer by its address alone.
 
-#![allow(non_snake_case)]
-// Each export's safety contract is NVML's: every pointer argument is NULL or valid for the
-// access the NVML reference documents (see the module documentation).
-#![allow(clippy::missing_safety_doc)]
+#![expect(
+    clippy::missing_safety_doc,
+    reason = "each export's safety contract is NVML's: every pointer argument is NULL or valid \
+              for the access the NVML reference documents (see the module documentation)"
+)]
 
 use crate::nvml;
 use abi::nvml::{
     NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo, NvmlReturn, NVML_MEMORY_V2,
     NVML_VALUE_NOT_AVAILABLE_UINT,
 };
+use mock_cuda_world::panic_guard;
 use std::ffi::{c_char, c_uint, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Most devices a handle can name.
 pub const MAX_DEVICES: usize = 256;
@@ -41,15 +42,12 @@ fn index_of(device: NvmlDevice) -> Option<usize> {
     (offset < MAX_DEVICES).then_some(offset)
 }
 
-/// Runs `f` under the panic guard, turning `Result<(), NvmlReturn>` into an `NvmlReturn`.
+/// Runs `f` under the panic guard ([`panic_guard::guard`]; a panic is `NVML_ERROR_UNKNOWN`),
+/// turning `Result<(), NvmlReturn>` into an `NvmlReturn`.
 fn guard(name: &str, f: impl FnOnce() -> Result<(), NvmlReturn>) -> NvmlReturn {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => NvmlReturn::SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            eprintln!("mock-nvml: {name} panicked; returning NVML_ERROR_UNKNOWN");
-            NvmlReturn::ERROR_UNKNOWN
-        }
+    match panic_guard::guard("mock-nvml", name, Err(NvmlReturn::ERROR_UNKNOWN), f) {
+        Ok(()) => NvmlReturn::SUCCESS,
+        Err(code) => code,
     }
 }
 
@@ -88,13 +86,13 @@ unsafe fn put_str(buf: *mut c_char, length: c_uint, s: &str) -> Result<(), NvmlR
 }
 
 /// `nvmlReturn_t nvmlInit_v2(void)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
     guard("nvmlInit_v2", || nvml::init("nvmlInit_v2", 0))
 }
 
 /// `nvmlReturn_t nvmlInitWithFlags(unsigned int flags)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn nvmlInitWithFlags(flags: c_uint) -> NvmlReturn {
     guard("nvmlInitWithFlags", || {
         nvml::init("nvmlInitWithFlags", flags)
@@ -102,23 +100,25 @@ pub extern "C" fn nvmlInitWithFlags(flags: c_uint) -> NvmlReturn {
 }
 
 /// `nvmlReturn_t nvmlShutdown(void)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> NvmlReturn {
     guard("nvmlShutdown", nvml::shutdown)
 }
 
 /// `const char *nvmlErrorString(nvmlReturn_t result)`: a static description ("Unknown Error"
 /// for a code the stand-in does not know). Works without initialisation.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
-    catch_unwind(|| result.description_cstr().as_ptr()).unwrap_or_else(|_| {
-        eprintln!("mock-nvml: nvmlErrorString panicked; returning \"Unknown Error\"");
-        c"Unknown Error".as_ptr()
-    })
+    panic_guard::guard(
+        "mock-nvml",
+        "nvmlErrorString",
+        c"Unknown Error".as_ptr(),
+        || result.description_cstr().as_ptr(),
+    )
 }
 
 /// `nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
@@ -131,7 +131,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 }
 
 /// `nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
     guard("nvmlDeviceGetCount_v2", || {
         if count.is_null() {
@@ -144,7 +144,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn
 }
 
 /// `nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut NvmlDevice,
@@ -160,7 +160,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 }
 
 /// `nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut NvmlDevice,
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
 }
 
 /// `nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUUID(
     device: NvmlDevice,
     uuid: *mut c_char,
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 }
 
 /// `nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetName(
     device: NvmlDevice,
     name: *mut c_char,
@@ -206,7 +206,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 }
 
 /// `nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: NvmlDevice,
     memory: *mut NvmlMemory,
@@ -229,7 +229,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 /// `nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)`:
 /// the caller sets `memory->version` to `nvmlMemory_v2`; any other is
 /// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: NvmlDevice,
     memory: *mut NvmlMemoryV2,
@@ -261,7 +261,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 /// number of processes (0 to ask), sets it to that number and returns
 /// `NVML_ERROR_INSUFFICIENT_SIZE` (`infos` may then be NULL); else fills `infos` and sets
 /// `*infoCount` to the number written.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: NvmlDevice,
     info_count: *mut c_uint,

@@ -14,5 +14,8 @@
 //! crash. `mock-world init` installs this library as `<world>/lib/libnvidia-ml.so.1` unless the
 //! world says `[nvml] present = false`.
 
+#![deny(unsafe_code)]
+
+#[expect(unsafe_code, reason = "the one module allowed to hold unsafe code")]
 pub mod ffi;
 pub mod nvml;

@@ -26,7 +26,10 @@
 //! system C compiler (`$CC`, default `cc`) into `<target>/<profile>/fake-cuda-checkpoint-tests/`
 //! when missing or older than its source.
 
-#![allow(dead_code)]
+#![expect(
+    dead_code,
+    reason = "cli_against_mock.rs, its one user, needs only part of it"
+)]
 
 use std::ffi::c_int;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

@@ -1,14 +1,14 @@
 //! The Rust side of the exported host symbols.
 //!
 //! The C shim (`csrc/host.c`) defines the symbols plugins look up and forwards each call to one
-//! `harness_rs_*` function here. Every callback runs under `catch_unwind` with a CRIU-like
-//! fallback (a panic must not unwind into plugin C code). The engine reaches the exported data
-//! symbols (`opts`, `fi_strategy`, `cr_plugin_ctl`) through `dlsym(RTLD_DEFAULT, ...)`, so the
-//! library never links against the shim and also builds into executables without it (tests).
+//! `harness_rs_*` function here. Every callback runs under the panic guard that the mock
+//! libraries share ([`mock_cuda_world::panic_guard`]) with a CRIU-like fallback (a panic must
+//! not unwind into plugin C code). The engine reaches the exported data symbols (`opts`,
+//! `fi_strategy`, `cr_plugin_ctl`) through `dlsym(RTLD_DEFAULT, ...)`, so the library never
+//! links against the shim and also builds into executables without it (tests).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::os::fd::IntoRawFd;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, PoisonError};
 
 use abi::criu::{ProcStatusCreds, SeizeTaskStatus};
@@ -16,8 +16,11 @@ use abi::criu::{ProcStatusCreds, SeizeTaskStatus};
 use crate::images::OpenOutcome;
 use crate::{host, log, pr_err};
 
-fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+/// Runs the body of the callback `entry` under the panic guard
+/// ([`mock_cuda_world::panic_guard::guard`]): a panic is reported with its message and the
+/// callback returns its CRIU-like `fallback`.
+fn guard<T>(entry: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    mock_cuda_world::panic_guard::guard("harness", entry, fallback, f)
 }
 
 /// # Safety
@@ -35,18 +38,20 @@ unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
 ///
 /// # Safety
 /// `msg` must point at `len` readable bytes.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_log(level: c_uint, msg: *const c_char, len: usize) {
     if msg.is_null() {
         return;
     }
     // SAFETY: guaranteed by the caller (the shim passes its vsnprintf buffer and length).
     let text = unsafe { std::slice::from_raw_parts(msg.cast::<u8>(), len) };
-    guard((), || log::write_raw(level, &String::from_utf8_lossy(text)));
+    guard("harness_rs_log", (), || {
+        log::write_raw(level, &String::from_utf8_lossy(text))
+    });
 }
 
 /// `log_get_loglevel`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_loglevel() -> c_uint {
     log::level()
 }
@@ -55,13 +60,13 @@ pub extern "C" fn harness_rs_loglevel() -> c_uint {
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_add_inventory_plugin(name: *const c_char) -> c_int {
     // SAFETY: guaranteed by the caller.
     let Some(name) = (unsafe { bytes(name) }) else {
         return -1;
     };
-    guard(-1, || {
+    guard("harness_rs_add_inventory_plugin", -1, || {
         host::add_inventory_plugin(&String::from_utf8_lossy(name))
     })
 }
@@ -70,7 +75,7 @@ pub unsafe extern "C" fn harness_rs_add_inventory_plugin(name: *const c_char) ->
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string. `n` is only used under the 4.1 rules.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_check_and_remove_inventory_plugin(
     name: *const c_char,
     n: usize,
@@ -79,42 +84,56 @@ pub unsafe extern "C" fn harness_rs_check_and_remove_inventory_plugin(
     let Some(name) = (unsafe { bytes(name) }) else {
         return false;
     };
-    guard(false, || host::check_and_remove_inventory_plugin(name, n))
+    guard(
+        "harness_rs_check_and_remove_inventory_plugin",
+        false,
+        || host::check_and_remove_inventory_plugin(name, n),
+    )
 }
 
 /// `has_inventory_plugin`.
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_has_inventory_plugin(name: *const c_char) -> bool {
     // SAFETY: guaranteed by the caller.
     let Some(name) = (unsafe { bytes(name) }) else {
         return false;
     };
-    guard(false, || host::has_inventory_plugin(name))
+    guard("harness_rs_has_inventory_plugin", false, || {
+        host::has_inventory_plugin(name)
+    })
 }
 
 /// `check_inventory_plugins`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_check_inventory_plugins() -> c_int {
-    guard(-1, host::check_inventory_plugins)
+    guard(
+        "harness_rs_check_inventory_plugins",
+        -1,
+        host::check_inventory_plugins,
+    )
 }
 
 /// `criu_get_image_dir`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_get_image_dir() -> c_int {
     host::image_dir_fd()
 }
 
 /// `set_compel_interrupt_only_mode`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_set_interrupt_only_mode() {
-    guard((), host::set_interrupt_only_mode);
+    guard(
+        "harness_rs_set_interrupt_only_mode",
+        (),
+        host::set_interrupt_only_mode,
+    );
 }
 
 /// `alarm_timeouted`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_alarm_timeouted() -> bool {
     host::alarm_timeouted()
 }
@@ -123,15 +142,17 @@ pub extern "C" fn harness_rs_alarm_timeouted() -> bool {
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_img_streamer_open(name: *const c_char, flags: c_int) -> c_int {
     // SAFETY: guaranteed by the caller.
     let Some(name) = (unsafe { bytes(name) }) else {
         return -libc::EINVAL;
     };
-    let out = guard(OpenOutcome::Errno(-libc::EIO), || {
-        host::img_streamer_open(&String::from_utf8_lossy(name), flags)
-    });
+    let out = guard(
+        "harness_rs_img_streamer_open",
+        OpenOutcome::Errno(-libc::EIO),
+        || host::img_streamer_open(&String::from_utf8_lossy(name), flags),
+    );
     match out {
         OpenOutcome::Fd(fd) => fd.into_raw_fd(),
         OpenOutcome::Errno(e) => e,
@@ -156,7 +177,7 @@ pub type FreeStatusFn =
 /// `get_status`, when not NULL, must be callable with `ss` and `data` (CRIU's
 /// `parse_pid_status` needs `ss` to be the first member of a `struct proc_status_creds`); the
 /// same for `free_status`; `ss` must be valid for reads and writes of a `seize_task_status`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_compel_wait_task(
     pid: c_int,
     ppid: c_int,
@@ -191,7 +212,7 @@ pub unsafe extern "C" fn harness_rs_compel_wait_task(
             unsafe { free(pid, ss, data) };
         }
     };
-    guard(-1, || {
+    guard("harness_rs_compel_wait_task", -1, || {
         crate::compel::wait_task(pid, ppid, &mut status, &mut release)
     })
 }
@@ -202,7 +223,7 @@ pub unsafe extern "C" fn harness_rs_compel_wait_task(
 /// # Safety
 /// `ss` must be NULL or point at the `s` member of a writable `struct proc_status_creds`
 /// (CRIU's own function writes the whole structure through `container_of` too).
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_parse_pid_status(
     pid: c_int,
     ss: *mut SeizeTaskStatus,
@@ -211,9 +232,11 @@ pub unsafe extern "C" fn harness_rs_parse_pid_status(
     if ss.is_null() {
         return -1;
     }
-    let parsed = guard(Err(String::from("panic")), || {
-        crate::compel::parse_pid_status(pid)
-    });
+    let parsed = guard(
+        "harness_rs_parse_pid_status",
+        Err(String::from("panic")),
+        || crate::compel::parse_pid_status(pid),
+    );
     let st = match parsed {
         Ok(st) => st,
         Err(e) => {
@@ -249,9 +272,11 @@ pub unsafe extern "C" fn harness_rs_parse_pid_status(
 }
 
 /// `find_unused_fd_pid(pid)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn harness_rs_find_unused_fd_pid(pid: c_int) -> c_int {
-    guard(-1, || crate::compel::find_unused_fd(pid))
+    guard("harness_rs_find_unused_fd_pid", -1, || {
+        crate::compel::find_unused_fd(pid)
+    })
 }
 
 /// One `criu_plugin_get_options` answer, kept alive until the process ends.
@@ -272,7 +297,7 @@ static ARGV_BLOCKS: Mutex<Vec<ArgvBlock>> = Mutex::new(Vec::new());
 ///
 /// # Safety
 /// `argc` and `argv` must be NULL or valid for a write.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn harness_rs_get_options(
     argc: *mut c_int,
     argv: *mut *mut *mut c_char,
@@ -280,7 +305,7 @@ pub unsafe extern "C" fn harness_rs_get_options(
     if argc.is_null() || argv.is_null() {
         return -libc::EINVAL;
     }
-    let built = guard(None, || {
+    let built = guard("harness_rs_get_options", None, || {
         let strings: Vec<CString> = host::options_argv()
             .into_iter()
             .map(|s| CString::new(s).unwrap_or_default())

@@ -1,8 +1,6 @@
 //! Shared fixtures for the engine tests: C test plugins compiled at test time, a process tree,
 //! and a runner for the `harness` executables.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -8,6 +8,8 @@
 //! mock-world check CONFIG
 //! ```
 
+#![deny(unsafe_code)]
+
 use abi::CUprocessState;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};

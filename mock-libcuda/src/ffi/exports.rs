@@ -8,10 +8,11 @@
 //! zero. GPU pairs in restore arguments are read only when the world's driver is CUDA 13.0 or
 //! newer; below that those bytes are reserved too.
 
-#![allow(non_snake_case)]
-// Each export's safety contract is the C API's: every pointer argument is NULL or valid for the
-// access the driver API documents (see the module documentation).
-#![allow(clippy::missing_safety_doc)]
+#![expect(
+    clippy::missing_safety_doc,
+    reason = "each export's safety contract is the C API's: every pointer argument is NULL or \
+              valid for the access the driver API documents (see the module documentation)"
+)]
 
 use crate::driver;
 use abi::cuda::{
@@ -22,18 +23,15 @@ use abi::{
     CUcheckpointCheckpointArgs, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
     CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid, GpuUuid,
 };
+use mock_cuda_world::panic_guard;
 use std::ffi::{c_char, c_int, c_uchar, c_uint, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Runs `f` under the panic guard, turning `Result<(), CUresult>` into a `CUresult`.
+/// Runs `f` under the panic guard ([`panic_guard::guard`]; a panic is `CUDA_ERROR_UNKNOWN`),
+/// turning `Result<(), CUresult>` into a `CUresult`.
 fn guard(name: &str, f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => CUresult::SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            eprintln!("mock-libcuda: {name} panicked; returning CUDA_ERROR_UNKNOWN");
-            CUresult::ERROR_UNKNOWN
-        }
+    match panic_guard::guard("mock-libcuda", name, Err(CUresult::ERROR_UNKNOWN), f) {
+        Ok(()) => CUresult::SUCCESS,
+        Err(code) => code,
     }
 }
 
@@ -82,13 +80,13 @@ fn reject(function: &str, pid: c_int, why: &str) -> Result<(), CUresult> {
 // ----------------------------------------------------------------------------- init, devices
 
 /// `CUresult cuInit(unsigned int Flags)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     guard("cuInit", || driver::init(flags))
 }
 
 /// `CUresult cuDriverGetVersion(int *driverVersion)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     guard("cuDriverGetVersion", || {
         if version.is_null() {
@@ -101,7 +99,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
 }
 
 /// `CUresult cuDeviceGetCount(int *count)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     guard("cuDeviceGetCount", || {
         let n = driver::device_count()?;
@@ -111,7 +109,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 }
 
 /// `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
     guard("cuDeviceGet", || {
         let d = driver::device_get(ordinal)?;
@@ -130,7 +128,7 @@ fn uuid_into(function: &str, uuid: *mut CUuuid, dev: CUdevice) -> Result<(), CUr
 }
 
 /// `CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
     guard("cuDeviceGetUuid", || {
         uuid_into("cuDeviceGetUuid", uuid, dev)
@@ -138,7 +136,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CU
 }
 
 /// `CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
     guard("cuDeviceGetUuid_v2", || {
         uuid_into("cuDeviceGetUuid_v2", uuid, dev)
@@ -146,7 +144,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) ->
 }
 
 /// `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
     guard("cuDeviceGetName", || {
         if name.is_null() || len <= 0 {
@@ -170,13 +168,13 @@ fn total_mem(bytes: *mut usize, dev: CUdevice) -> Result<(), CUresult> {
 }
 
 /// `CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard("cuDeviceTotalMem", || total_mem(bytes, dev))
 }
 
 /// `CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard("cuDeviceTotalMem_v2", || total_mem(bytes, dev))
 }
@@ -185,7 +183,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 
 /// `CUresult cuGetErrorName(CUresult error, const char **pStr)`: unknown codes give
 /// INVALID_VALUE and a NULL string, as the driver does.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char) -> CUresult {
     guard("cuGetErrorName", || match error.name_cstr() {
         // SAFETY: NULL is rejected by `put`; otherwise a valid `const char **`.
@@ -199,7 +197,7 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char
 }
 
 /// `CUresult cuGetErrorString(CUresult error, const char **pStr)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_char) -> CUresult {
     guard("cuGetErrorString", || match error.description_cstr() {
         // SAFETY: NULL is rejected by `put`; otherwise a valid `const char **`.
@@ -347,7 +345,7 @@ fn get_proc_address(
 }
 
 /// `CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -367,7 +365,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
 
 /// `CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 /// cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -389,7 +387,7 @@ static CLI_TABLE: CheckpointCliExportTable = CheckpointCliExportTable {
 
 /// `CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)`:
 /// serves the checkpoint command-line table; any other id is CUDA_ERROR_INVALID_VALUE.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetExportTable(
     table: *mut *const c_void,
     id: *const CUuuid,
@@ -419,31 +417,33 @@ pub unsafe extern "C" fn cuGetExportTable(
 
 /// Slot 7 of the export table: `int run(int argc, char **argv)`, the whole command line.
 unsafe extern "C" fn cli_entry(argc: c_int, argv: *mut *mut c_char) -> c_int {
-    let r = catch_unwind(AssertUnwindSafe(|| {
-        let mut args = Vec::new();
-        if !argv.is_null() {
-            for i in 0..usize::try_from(argc).unwrap_or(0) {
-                // SAFETY: argv holds argc valid pointers (the C main contract).
-                let p = unsafe { *argv.add(i) };
-                if p.is_null() {
-                    break;
+    let unknown = c_int::from(CUresult::ERROR_UNKNOWN.exit_status());
+    panic_guard::guard(
+        "mock-libcuda",
+        "the cuda-checkpoint command line",
+        unknown,
+        || {
+            let mut args = Vec::new();
+            if !argv.is_null() {
+                for i in 0..usize::try_from(argc).unwrap_or(0) {
+                    // SAFETY: argv holds argc valid pointers (the C main contract).
+                    let p = unsafe { *argv.add(i) };
+                    if p.is_null() {
+                        break;
+                    }
+                    // SAFETY: each argv entry is a NUL-terminated string.
+                    args.push(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
                 }
-                // SAFETY: each argv entry is a NUL-terminated string.
-                args.push(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
             }
-        }
-        crate::cli_entry::run_command_line(&args)
-    }));
-    r.unwrap_or_else(|_| {
-        eprintln!("mock-libcuda: the cuda-checkpoint command line panicked");
-        c_int::from(CUresult::ERROR_UNKNOWN.exit_status())
-    })
+            crate::cli_entry::run_command_line(&args)
+        },
+    )
 }
 
 // ----------------------------------------------------------------------------- checkpoint API
 
 /// `CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
     pid: c_int,
     tid: *mut c_int,
@@ -460,7 +460,7 @@ pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
 
 /// `CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)`. On failure `*state`
 /// is left untouched, as with the driver.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessGetState(
     pid: c_int,
     state: *mut CUprocessState,
@@ -476,7 +476,7 @@ pub unsafe extern "C" fn cuCheckpointProcessGetState(
 }
 
 /// `CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessLock(
     pid: c_int,
     args: *mut CUcheckpointLockArgs,
@@ -492,7 +492,7 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(
 }
 
 /// `CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
     pid: c_int,
     args: *mut CUcheckpointCheckpointArgs,
@@ -508,7 +508,7 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
 }
 
 /// `CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessRestore(
     pid: c_int,
     args: *mut CUcheckpointRestoreArgs,
@@ -542,7 +542,7 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
 }
 
 /// `CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessUnlock(
     pid: c_int,
     args: *mut CUcheckpointUnlockArgs,
@@ -569,7 +569,7 @@ fn ctx_create(function: &str, ctx: *mut CUcontext, dev: CUdevice) -> Result<(), 
 }
 
 /// `CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate(
     ctx: *mut CUcontext,
     _flags: c_uint,
@@ -579,7 +579,7 @@ pub unsafe extern "C" fn cuCtxCreate(
 }
 
 /// `CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v2(
     ctx: *mut CUcontext,
     _flags: c_uint,
@@ -589,7 +589,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 }
 
 /// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     guard("cuDevicePrimaryCtxRetain", || {
         ctx_create("cuDevicePrimaryCtxRetain", ctx, dev)
@@ -597,37 +597,37 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUde
 }
 
 /// `CUresult cuCtxDestroy(CUcontext ctx)`: contexts live as long as the process in this mock.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy(_ctx: CUcontext) -> CUresult {
     CUresult::SUCCESS
 }
 
 /// `CUresult cuCtxDestroy_v2(CUcontext ctx)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(_ctx: CUcontext) -> CUresult {
     CUresult::SUCCESS
 }
 
 /// `CUresult cuDevicePrimaryCtxRelease(CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease(_dev: CUdevice) -> CUresult {
     CUresult::SUCCESS
 }
 
 /// `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(_dev: CUdevice) -> CUresult {
     CUresult::SUCCESS
 }
 
 /// `CUresult cuCtxSetCurrent(CUcontext ctx)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     guard("cuCtxSetCurrent", || driver::ctx_set_current(ctx as usize))
 }
 
 /// `CUresult cuCtxGetCurrent(CUcontext *pctx)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult {
     // SAFETY: NULL is rejected by `put`; otherwise a valid CUcontext pointer.
     guard("cuCtxGetCurrent", || unsafe {
@@ -636,7 +636,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult {
 }
 
 /// `CUresult cuCtxGetDevice(CUdevice *device)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     guard("cuCtxGetDevice", || {
         let d = driver::ctx_get_device()?;
@@ -646,7 +646,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 }
 
 /// `CUresult cuCtxSynchronize(void)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     guard("cuCtxSynchronize", driver::ctx_synchronize)
 }
@@ -661,25 +661,25 @@ fn mem_alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Result<(), CUresult> {
 }
 
 /// `CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     guard("cuMemAlloc", || mem_alloc(dptr, bytes))
 }
 
 /// `CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     guard("cuMemAlloc_v2", || mem_alloc(dptr, bytes))
 }
 
 /// `CUresult cuMemFree(CUdeviceptr dptr)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree(dptr: CUdeviceptr) -> CUresult {
     guard("cuMemFree", || driver::mem_free(dptr))
 }
 
 /// `CUresult cuMemFree_v2(CUdeviceptr dptr)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard("cuMemFree_v2", || driver::mem_free(dptr))
 }
@@ -698,13 +698,13 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> Result<(), CUresult> 
 }
 
 /// `CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyHtoD(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
     guard("cuMemcpyHtoD", || htod(dst, src, n))
 }
 
 /// `CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     dst: CUdeviceptr,
     src: *const c_void,
@@ -727,25 +727,25 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> Result<(), CUresult> {
 }
 
 /// `CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoH(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
     guard("cuMemcpyDtoH", || dtoh(dst, src, n))
 }
 
 /// `CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
     guard("cuMemcpyDtoH_v2", || dtoh(dst, src, n))
 }
 
 /// `CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoD(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
     guard("cuMemcpyDtoD", || driver::memcpy_dtod(dst, src, n as u64))
 }
 
 /// `CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
     guard("cuMemcpyDtoD_v2", || {
         driver::memcpy_dtod(dst, src, n as u64)
@@ -753,13 +753,13 @@ pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) 
 }
 
 /// `CUresult cuMemsetD8(CUdeviceptr dst, unsigned char uc, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8(dst: CUdeviceptr, value: c_uchar, n: usize) -> CUresult {
     guard("cuMemsetD8", || driver::memset_d8(dst, value, n as u64))
 }
 
 /// `CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: c_uchar, n: usize) -> CUresult {
     guard("cuMemsetD8_v2", || driver::memset_d8(dst, value, n as u64))
 }
@@ -774,13 +774,13 @@ fn mem_get_info(free: *mut usize, total: *mut usize) -> Result<(), CUresult> {
 }
 
 /// `CUresult cuMemGetInfo(size_t *free, size_t *total)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut usize, total: *mut usize) -> CUresult {
     guard("cuMemGetInfo", || mem_get_info(free, total))
 }
 
 /// `CUresult cuMemGetInfo_v2(size_t *free, size_t *total)`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard("cuMemGetInfo_v2", || mem_get_info(free, total))
 }

@@ -29,6 +29,9 @@
 //! keeps each of those calls inside its API gate for MS milliseconds (a lock waits for it). On
 //! a real driver no kernel is launched and the option has no effect.
 
+#![deny(unsafe_code)]
+
+#[expect(unsafe_code, reason = "the one module allowed to hold unsafe code")]
 mod ffi;
 
 use anyhow::{Context, Result};
