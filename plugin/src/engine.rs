@@ -308,6 +308,22 @@ pub struct Engine {
     restore_batch: Option<Vec<(Pid, Result<Outcome, EngineError>)>>,
     /// A batch ran in the current hook call (see [`Engine::take_batch_ran`]).
     batch_ran: bool,
+    /// Parallel mode, dump: the tasks the first PAUSE_DEVICES locked ahead (with their restore
+    /// threads) or failed to, until each task's own call takes its result (see
+    /// [`Engine::lock_ahead`]).
+    ahead: Option<Vec<(Pid, Result<Tid, EngineError>)>>,
+}
+
+/// The record of a task locked ahead ([`Engine::lock_ahead`]): RUNNING at dump start, locked
+/// by us.
+fn ahead_record(pid: Pid, restore_tid: Tid) -> TaskRecord {
+    TaskRecord {
+        pid,
+        restore_tid,
+        initial: CUprocessState::RUNNING,
+        locked_by_us: true,
+        checkpointed_by_us: false,
+    }
 }
 
 /// Takes `pid`'s result out of a batch's results (a batch is a few tasks: a list will do).
@@ -397,6 +413,7 @@ impl Engine {
             checkpoint_batch: None,
             restore_batch: None,
             batch_ran: false,
+            ahead: None,
         }
     }
 
@@ -422,15 +439,21 @@ impl Engine {
     fn guard_note(&mut self, note: impl FnOnce(&dyn Guard) -> Result<(), String>) {
         let Some(g) = &self.guard else { return };
         if let Err(e) = note(&**g) {
-            if !std::mem::replace(&mut self.guard_failed, true) {
-                self.log(
-                    Level::Warn,
-                    &format!(
-                        "cannot tell the guardian what the plugin is doing ({e}); should CRIU die \
-                         now, the tasks it changed may stay locked or checkpointed"
-                    ),
-                );
-            }
+            self.guard_note_failed(&e);
+        }
+    }
+
+    /// A note to the guardian failed: logged the first time (kept out of every note's copy).
+    #[inline(never)]
+    fn guard_note_failed(&mut self, e: &str) {
+        if !std::mem::replace(&mut self.guard_failed, true) {
+            self.log(
+                Level::Warn,
+                &format!(
+                    "cannot tell the guardian what the plugin is doing ({e}); should CRIU die \
+                     now, the tasks it changed may stay locked or checkpointed"
+                ),
+            );
         }
     }
 
@@ -477,20 +500,50 @@ impl Engine {
         self.tasks.iter().position(|t| t.pid == pid)
     }
 
-    /// PAUSE_DEVICES: the task is still running.
+    /// PAUSE_DEVICES: the task is still running. In parallel mode the first call locks the
+    /// tree's CUDA tasks ahead ([`Engine::lock_ahead`]), and each of them takes its own result
+    /// at its own call.
     pub fn pause_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
+        let rec = match self.ahead.as_mut().and_then(|a| take_result(a, pid)) {
+            Some(tid) => ahead_record(pid, tid?),
+            None => {
+                if self.index(pid).is_some() {
+                    return Ok(Outcome::Handled);
+                }
+                self.sizes.root.get_or_insert(pid);
+                if self.cfg.parallel > 1 && self.ahead.is_none() {
+                    self.ahead = Some(self.lock_ahead(pid));
+                    return self.pause_devices(pid);
+                }
+                match self.pause_one(pid)? {
+                    Some(rec) => rec,
+                    None => return Ok(Outcome::NotMine),
+                }
+            }
+        };
+        self.log(
+            Level::Info,
+            &format!(
+                "pid {pid}: restore thread {}, initial state {}, locked: {}",
+                rec.restore_tid, rec.initial, rec.locked_by_us
+            ),
+        );
+        self.tasks.push(rec);
+        Ok(Outcome::Handled)
+    }
+
+    /// PAUSE_DEVICES of one task, on its own: find the restore thread (`None`: not a CUDA
+    /// task), record the initial state, lock a RUNNING task within CRIU's freeze alarm; a task
+    /// locked or checkpointed by someone else is left alone.
+    fn pause_one(&mut self, pid: Pid) -> Result<Option<TaskRecord>, EngineError> {
         let step = Step::Pause;
         let be = |cause| EngineError::Backend { step, pid, cause };
-        if self.index(pid).is_some() {
-            return Ok(Outcome::Handled);
-        }
-        self.sizes.root.get_or_insert(pid);
         let Some(tid) = self.backend.get_restore_tid(pid).map_err(be)? else {
             self.log(
                 Level::Debug,
                 &format!("pid {pid} has no CUDA restore thread; not ours"),
             );
-            return Ok(Outcome::NotMine);
+            return Ok(None);
         };
         let initial = self.backend.get_state(pid).map_err(be)?;
         let mut rec = TaskRecord {
@@ -506,17 +559,14 @@ impl Engine {
                     return Err(EngineError::Stopped { pid, tid, state });
                 }
                 self.survey(pid)?;
-                let (limits, alarm_left) = self.lock_limits(pid)?;
+                let (limits, alarm_left) = self.lock_limits(pid, 1)?;
                 let bytes = self.known_bytes(pid);
                 self.guard_note(|g| g.track(pid, initial, bytes, &[]));
                 self.guard_note(|g| g.intent(pid, Op::Lock));
                 let started = std::time::Instant::now();
                 if let Err(cause) = self.backend.lock(pid, limits) {
-                    // The alarm is to blame only when the lock ran into the limit it set.
-                    let ran_out = limits
-                        .driver
-                        .is_some_and(|d| started.elapsed() + Duration::from_millis(50) >= d);
-                    return Err(self.failed_lock(rec, cause, alarm_left.filter(|_| ran_out)));
+                    let took = started.elapsed();
+                    return Err(self.failed_lock(rec, cause, limits, took, alarm_left));
                 }
                 rec.locked_by_us = true;
             }
@@ -533,15 +583,109 @@ impl Engine {
             }
             state => return Err(EngineError::BadState { step, pid, state }),
         }
+        Ok(Some(rec))
+    }
+
+    /// Parallel mode, at the first PAUSE_DEVICES (`root`): CRIU pauses the tree's tasks one by
+    /// one, each just before it seizes it, and all of them within its freeze alarm; so the
+    /// RUNNING CUDA tasks of the tree below `root` are locked now, together, at most
+    /// [`EngineConfig::parallel`] at a time, under the rules of a lock of one's own: the tree is
+    /// surveyed first, the guardian is told before, each lock gets the alarm's window divided
+    /// by the batch's rounds (so the whole batch ends in time; with too little left, nothing is
+    /// locked ahead), and a failed lock is left as found ([`Engine::failed_lock`]). A failed
+    /// probe is that task's result; a task that is not plainly RUNNING and unstopped is left to
+    /// its own call, as is one forked after the walk. What CRIU then never pauses is unlocked again by
+    /// [`Engine::put_back_ahead`].
+    fn lock_ahead(&mut self, root: Pid) -> Vec<(Pid, Result<Tid, EngineError>)> {
+        let mut ahead = Vec::new();
+        let (mut pids, mut tids) = (Vec::new(), Vec::new());
+        for pid in self.host.tree(root) {
+            let be = |cause| EngineError::Backend {
+                step: Step::Pause,
+                pid,
+                cause,
+            };
+            let tid = match self.backend.get_restore_tid(pid) {
+                Ok(Some(tid)) => tid,
+                Ok(None) => continue,
+                Err(cause) => {
+                    ahead.push((pid, Err(be(cause))));
+                    continue;
+                }
+            };
+            match self.backend.get_state(pid) {
+                Ok(CUprocessState::RUNNING) if self.threads.stopped(pid, tid).is_none() => {
+                    pids.push(pid);
+                    tids.push(tid);
+                }
+                Ok(_) => {}
+                Err(cause) => ahead.push((pid, Err(be(cause)))),
+            }
+        }
+        let n = pids.len();
+        let width = self.width(n);
+        let rounds = u32::try_from(n.div_ceil(width)).unwrap_or(u32::MAX);
+        let Some(&first) = pids.first() else {
+            return ahead;
+        };
+        if let Err(e) = self.survey(first) {
+            ahead.push((first, Err(e)));
+            return ahead;
+        }
+        let Ok((limits, alarm_left)) = self.lock_limits(first, rounds) else {
+            return ahead;
+        };
+        for &pid in &pids {
+            let bytes = self.known_bytes(pid);
+            self.guard_note(|g| g.track(pid, CUprocessState::RUNNING, bytes, &[]));
+            self.guard_note(|g| g.intent(pid, Op::Lock));
+        }
         self.log(
             Level::Info,
-            &format!(
-                "pid {pid}: restore thread {tid}, initial state {initial}, locked: {}",
-                rec.locked_by_us
-            ),
+            &format!("PAUSE_DEVICES: locking {n} task(s), {width} at a time (parallel mode)"),
         );
-        self.tasks.push(rec);
-        Ok(Outcome::Handled)
+        self.batch_ran = true;
+        let done = self.backend.lock_many(&pids, limits, width);
+        for ((pid, tid), (r, took)) in pids.into_iter().zip(tids).zip(done) {
+            let r = match r {
+                Ok(()) => Ok(tid),
+                Err(cause) => {
+                    let mut rec = ahead_record(pid, tid);
+                    rec.locked_by_us = false;
+                    Err(self.failed_lock(rec, cause, limits, took, alarm_left))
+                }
+            };
+            ahead.push((pid, r));
+        }
+        ahead
+    }
+
+    /// Parallel mode, at the first CHECKPOINT_DEVICES: the tasks locked ahead that CRIU never
+    /// paused (they exited, or left the tree) are unlocked again, state-driven. One that cannot
+    /// be (or whose failed lock could not be checked) fails the dump, whose rollback tries
+    /// again.
+    fn put_back_ahead(&mut self) -> Result<(), EngineError> {
+        let mut pids = Vec::new();
+        for (pid, r) in self.ahead.as_mut().map(std::mem::take).unwrap_or_default() {
+            match r {
+                Ok(tid) if self.threads.task_exists(pid) => {
+                    self.guard_note(|g| g.intent(pid, Op::Unlock));
+                    if !self.unlock_if_locked(pid, "locked ahead, but CRIU never paused it") {
+                        self.tasks.push(ahead_record(pid, tid));
+                        pids.push(pid);
+                        continue;
+                    }
+                }
+                Err(_) if self.index(pid).is_some() => pids.push(pid),
+                _ => {}
+            }
+            self.guard_note(|g| g.untrack(pid));
+        }
+        if pids.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::RollbackIncomplete { pids })
+        }
     }
 
     /// Once per dump, before its first lock: how much GPU memory the tree holds (NVML), checked
@@ -643,7 +787,13 @@ impl Engine {
     /// gives up, and the plugin returns, before CRIU's alarm fires and, five seconds later,
     /// aborts CRIU without any rollback. Also returns what was left of the alarm when it
     /// shortened the limits.
-    fn lock_limits(&self, pid: Pid) -> Result<(LockLimits, Option<Duration>), EngineError> {
+    /// `rounds`: how many locks run one after another ([`Engine::lock_ahead`]): each gets that
+    /// share of the window.
+    fn lock_limits(
+        &self,
+        pid: Pid,
+        rounds: u32,
+    ) -> Result<(LockLimits, Option<Duration>), EngineError> {
         let base = LockLimits::from_timeout(self.cfg.timeout);
         let timeout = |left| EngineError::FreezeTimeout {
             pid,
@@ -654,7 +804,7 @@ impl Engine {
         match self.host.freeze_alarm() {
             FreezeAlarm::Expired => Err(timeout(None)),
             FreezeAlarm::Armed { left } => {
-                let window = left.saturating_sub(ALARM_RESERVE);
+                let window = left.saturating_sub(ALARM_RESERVE) / rounds.max(1);
                 if window < MIN_LOCK_WINDOW {
                     return Err(timeout(Some(left)));
                 }
@@ -684,9 +834,16 @@ impl Engine {
         &mut self,
         mut rec: TaskRecord,
         cause: BackendError,
+        limits: LockLimits,
+        took: Duration,
         alarm_left: Option<Duration>,
     ) -> EngineError {
         let pid = rec.pid;
+        // The alarm is to blame only when the lock ran into the limit it set.
+        let ran_out = limits
+            .driver
+            .is_some_and(|d| took + Duration::from_millis(50) >= d);
+        let alarm_left = alarm_left.filter(|_| ran_out);
         if cause.is_illegal_state() {
             let state = match self.backend.get_state(pid) {
                 Ok(s) => s.to_string(),
@@ -695,7 +852,9 @@ impl Engine {
             self.guard_note(|g| g.untrack(pid));
             return EngineError::ForeignLock { pid, state, cause };
         }
-        if cause.may_have_landed() && !self.unlock_if_locked(pid) {
+        if cause.may_have_landed()
+            && !self.unlock_if_locked(pid, "the failed lock had landed after all")
+        {
             rec.locked_by_us = true;
             self.tasks.push(rec);
         } else {
@@ -718,17 +877,14 @@ impl Engine {
 
     /// After a failed lock that may have landed: unlock the task if it is locked after all
     /// (logged). Returns true when the task is known to be back to RUNNING.
-    fn unlock_if_locked(&mut self, pid: Pid) -> bool {
+    fn unlock_if_locked(&mut self, pid: Pid, why: &str) -> bool {
         match self.backend.get_state(pid) {
             Ok(CUprocessState::RUNNING) => true,
             Ok(CUprocessState::LOCKED) => match self.backend.unlock(pid) {
                 Ok(()) => {
                     self.log(
                         Level::Warn,
-                        &format!(
-                            "PAUSE_DEVICES pid {pid}: the failed lock had landed after all; \
-                             unlocked the task again"
-                        ),
+                        &format!("PAUSE_DEVICES pid {pid}: {why}; unlocked the task again"),
                     );
                     true
                 }
@@ -772,6 +928,7 @@ impl Engine {
     /// CHECKPOINT_DEVICES: the whole tree is ptrace-stopped.
     pub fn checkpoint_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         let step = Step::Checkpoint;
+        self.put_back_ahead()?;
         if self.cfg.parallel > 1 && self.checkpoint_batch.is_none() {
             // CRIU calls CHECKPOINT_DEVICES for every task in one loop with the whole tree
             // frozen (criu/seize.c, checkpoint_devices): the first call starts them all.
@@ -936,6 +1093,12 @@ impl Engine {
     pub fn dump_finish(&mut self, ret: i32) -> Result<(), EngineError> {
         if self.finish == Finish::Done {
             return Ok(());
+        }
+        // Tasks locked ahead that CRIU never paused (it failed first) are the rollback's too.
+        for (pid, r) in self.ahead.take().unwrap_or_default() {
+            if let Ok(tid) = r {
+                self.tasks.push(ahead_record(pid, tid));
+            }
         }
         if ret == 0 && !self.cfg.leave_running {
             self.finish = Finish::Kept;

@@ -544,6 +544,15 @@ impl Backend for DriverApi {
         self.code_many(Op::Restore, jobs, width)
     }
 
+    fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
+        let timeout_ms = lock_timeout_ms(limits.driver);
+        let jobs = pids
+            .iter()
+            .map(|&pid| (pid, limits.wait, DriverCall::Lock { pid, timeout_ms }))
+            .collect();
+        self.code_many(Op::Lock, jobs, width)
+    }
+
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
         let op = Op::Unlock;
         let deadline = op_deadline(op, self.timeout);
