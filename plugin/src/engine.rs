@@ -311,7 +311,8 @@ pub struct Engine {
     /// Parallel mode, dump: the tasks the first PAUSE_DEVICES locked ahead (with their restore
     /// threads) or failed to, until each task's own call takes its result (see
     /// [`Engine::lock_ahead`]).
-    ahead: Option<Vec<(Pid, Result<Tid, EngineError>)>>,
+    /// (`None`: not a CUDA task).
+    ahead: Option<Vec<(Pid, Result<Option<Tid>, EngineError>)>>,
 }
 
 /// The record of a task locked ahead ([`Engine::lock_ahead`]): RUNNING at dump start, locked
@@ -505,7 +506,10 @@ impl Engine {
     /// at its own call.
     pub fn pause_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         let rec = match self.ahead.as_mut().and_then(|a| take_result(a, pid)) {
-            Some(tid) => ahead_record(pid, tid?),
+            Some(r) => match r? {
+                Some(tid) => ahead_record(pid, tid),
+                None => return Ok(Outcome::NotMine),
+            },
             None => {
                 if self.index(pid).is_some() {
                     return Ok(Outcome::Handled);
@@ -593,10 +597,10 @@ impl Engine {
     /// surveyed first, the guardian is told before, each lock gets the alarm's window divided
     /// by the batch's rounds (so the whole batch ends in time; with too little left, nothing is
     /// locked ahead), and a failed lock is left as found ([`Engine::failed_lock`]). A failed
-    /// probe is that task's result; a task that is not plainly RUNNING and unstopped is left to
-    /// its own call, as is one forked after the walk. What CRIU then never pauses is unlocked again by
-    /// [`Engine::put_back_ahead`].
-    fn lock_ahead(&mut self, root: Pid) -> Vec<(Pid, Result<Tid, EngineError>)> {
+    /// probe, and "not a CUDA task", are that task's result too; a CUDA task that is not plainly
+    /// RUNNING and unstopped is left to its own call, as is one forked after the walk. What
+    /// CRIU then never pauses is unlocked again by [`Engine::put_back_ahead`].
+    fn lock_ahead(&mut self, root: Pid) -> Vec<(Pid, Result<Option<Tid>, EngineError>)> {
         let mut ahead = Vec::new();
         let (mut pids, mut tids) = (Vec::new(), Vec::new());
         for pid in self.host.tree(root) {
@@ -607,7 +611,10 @@ impl Engine {
             };
             let tid = match self.backend.get_restore_tid(pid) {
                 Ok(Some(tid)) => tid,
-                Ok(None) => continue,
+                Ok(None) => {
+                    ahead.push((pid, Ok(None)));
+                    continue;
+                }
                 Err(cause) => {
                     ahead.push((pid, Err(be(cause))));
                     continue;
@@ -648,7 +655,7 @@ impl Engine {
         let done = self.backend.lock_many(&pids, limits, width);
         for ((pid, tid), (r, took)) in pids.into_iter().zip(tids).zip(done) {
             let r = match r {
-                Ok(()) => Ok(tid),
+                Ok(()) => Ok(Some(tid)),
                 Err(cause) => {
                     let mut rec = ahead_record(pid, tid);
                     rec.locked_by_us = false;
@@ -668,7 +675,7 @@ impl Engine {
         let mut pids = Vec::new();
         for (pid, r) in self.ahead.as_mut().map(std::mem::take).unwrap_or_default() {
             match r {
-                Ok(tid) if self.threads.task_exists(pid) => {
+                Ok(Some(tid)) if self.threads.task_exists(pid) => {
                     self.guard_note(|g| g.intent(pid, Op::Unlock));
                     if !self.unlock_if_locked(pid, "locked ahead, but CRIU never paused it") {
                         self.tasks.push(ahead_record(pid, tid));
@@ -1096,7 +1103,7 @@ impl Engine {
         }
         // Tasks locked ahead that CRIU never paused (it failed first) are the rollback's too.
         for (pid, r) in self.ahead.take().unwrap_or_default() {
-            if let Ok(tid) = r {
+            if let Ok(Some(tid)) = r {
                 self.tasks.push(ahead_record(pid, tid));
             }
         }

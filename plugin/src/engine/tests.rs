@@ -1656,13 +1656,13 @@ fn lock_ahead_locks_the_tree_s_cuda_tasks_together_at_the_first_pause() {
     );
     let before = w.lock().unwrap().calls.len();
     assert_eq!(e.pause_devices(101).unwrap(), Outcome::Handled);
+    assert_eq!(e.pause_devices(102).unwrap(), Outcome::NotMine);
     assert!(!e.take_batch_ran());
     assert_eq!(
         w.lock().unwrap().calls.len(),
         before,
-        "a later call takes its task's result: no probe, no lock"
+        "each later call takes its task's result: no probe, no lock"
     );
-    assert_eq!(e.pause_devices(102).unwrap(), Outcome::NotMine);
     assert!(e.tasks().iter().all(|t| t.locked_by_us));
     // The rest of the dump, and sequential mode never locks ahead.
     let (w, pids2) = ahead_world(2);
