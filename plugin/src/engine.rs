@@ -312,8 +312,12 @@ pub struct Engine {
     /// threads) or failed to, until each task's own call takes its result (see
     /// [`Engine::lock_ahead`]).
     /// (`None`: not a CUDA task).
-    ahead: Option<Vec<(Pid, Result<Option<Tid>, EngineError>)>>,
+    ahead: Option<Ahead>,
 }
+
+/// What the lock-ahead did to each task it probed: its restore thread when it locked it (`None`:
+/// not a CUDA task), or the failure its own call returns (see [`Engine::lock_ahead`]).
+type Ahead = Vec<(Pid, Result<Option<Tid>, EngineError>)>;
 
 /// The record of a task locked ahead ([`Engine::lock_ahead`]): RUNNING at dump start, locked
 /// by us.
@@ -505,7 +509,9 @@ impl Engine {
     /// tree's CUDA tasks ahead ([`Engine::lock_ahead`]), and each of them takes its own result
     /// at its own call.
     pub fn pause_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
-        let rec = match self.ahead.as_mut().and_then(|a| take_result(a, pid)) {
+        let step = Step::Pause;
+        let be = |cause| EngineError::Backend { step, pid, cause };
+        let mut rec = match self.ahead.as_mut().and_then(|a| take_result(a, pid)) {
             Some(r) => match r? {
                 Some(tid) => ahead_record(pid, tid),
                 None => return Ok(Outcome::NotMine),
@@ -519,45 +525,27 @@ impl Engine {
                     self.ahead = Some(self.lock_ahead(pid));
                     return self.pause_devices(pid);
                 }
-                match self.pause_one(pid)? {
-                    Some(rec) => rec,
-                    None => return Ok(Outcome::NotMine),
+                let Some(tid) = self.backend.get_restore_tid(pid).map_err(be)? else {
+                    self.log(
+                        Level::Debug,
+                        &format!("pid {pid} has no CUDA restore thread; not ours"),
+                    );
+                    return Ok(Outcome::NotMine);
+                };
+                let initial = self.backend.get_state(pid).map_err(be)?;
+                TaskRecord {
+                    pid,
+                    restore_tid: tid,
+                    initial,
+                    locked_by_us: false,
+                    checkpointed_by_us: false,
                 }
             }
         };
-        self.log(
-            Level::Info,
-            &format!(
-                "pid {pid}: restore thread {}, initial state {}, locked: {}",
-                rec.restore_tid, rec.initial, rec.locked_by_us
-            ),
-        );
-        self.tasks.push(rec);
-        Ok(Outcome::Handled)
-    }
-
-    /// PAUSE_DEVICES of one task, on its own: find the restore thread (`None`: not a CUDA
-    /// task), record the initial state, lock a RUNNING task within CRIU's freeze alarm; a task
-    /// locked or checkpointed by someone else is left alone.
-    fn pause_one(&mut self, pid: Pid) -> Result<Option<TaskRecord>, EngineError> {
-        let step = Step::Pause;
-        let be = |cause| EngineError::Backend { step, pid, cause };
-        let Some(tid) = self.backend.get_restore_tid(pid).map_err(be)? else {
-            self.log(
-                Level::Debug,
-                &format!("pid {pid} has no CUDA restore thread; not ours"),
-            );
-            return Ok(None);
-        };
-        let initial = self.backend.get_state(pid).map_err(be)?;
-        let mut rec = TaskRecord {
-            pid,
-            restore_tid: tid,
-            initial,
-            locked_by_us: false,
-            checkpointed_by_us: false,
-        };
+        let (tid, initial) = (rec.restore_tid, rec.initial);
         match initial {
+            // Locked ahead ([`Engine::lock_ahead`]).
+            _ if rec.locked_by_us => {}
             CUprocessState::RUNNING => {
                 if let Some(state) = self.threads.stopped(pid, tid) {
                     return Err(EngineError::Stopped { pid, tid, state });
@@ -587,7 +575,15 @@ impl Engine {
             }
             state => return Err(EngineError::BadState { step, pid, state }),
         }
-        Ok(Some(rec))
+        self.log(
+            Level::Info,
+            &format!(
+                "pid {pid}: restore thread {tid}, initial state {initial}, locked: {}",
+                rec.locked_by_us
+            ),
+        );
+        self.tasks.push(rec);
+        Ok(Outcome::Handled)
     }
 
     /// Parallel mode, at the first PAUSE_DEVICES (`root`): CRIU pauses the tree's tasks one by
@@ -600,9 +596,8 @@ impl Engine {
     /// probe, and "not a CUDA task", are that task's result too; a CUDA task that is not plainly
     /// RUNNING and unstopped is left to its own call, as is one forked after the walk. What
     /// CRIU then never pauses is unlocked again by [`Engine::put_back_ahead`].
-    fn lock_ahead(&mut self, root: Pid) -> Vec<(Pid, Result<Option<Tid>, EngineError>)> {
-        let mut ahead = Vec::new();
-        let (mut pids, mut tids) = (Vec::new(), Vec::new());
+    fn lock_ahead(&mut self, root: Pid) -> Ahead {
+        let (mut ahead, mut pids, mut tids) = (Vec::new(), Vec::new(), Vec::new());
         for pid in self.host.tree(root) {
             let be = |cause| EngineError::Backend {
                 step: Step::Pause,
@@ -631,7 +626,8 @@ impl Engine {
         }
         let n = pids.len();
         let width = self.width(n);
-        let rounds = u32::try_from(n.div_ceil(width)).unwrap_or(u32::MAX);
+        // At most one round per process of the tree: far fewer than u32::MAX.
+        let rounds = n.div_ceil(width) as u32;
         let Some(&first) = pids.first() else {
             return ahead;
         };
@@ -644,8 +640,10 @@ impl Engine {
         };
         for &pid in &pids {
             let bytes = self.known_bytes(pid);
-            self.guard_note(|g| g.track(pid, CUprocessState::RUNNING, bytes, &[]));
-            self.guard_note(|g| g.intent(pid, Op::Lock));
+            self.guard_note(|g| {
+                g.track(pid, CUprocessState::RUNNING, bytes, &[])?;
+                g.intent(pid, Op::Lock)
+            });
         }
         self.log(
             Level::Info,
@@ -653,7 +651,8 @@ impl Engine {
         );
         self.batch_ran = true;
         let done = self.backend.lock_many(&pids, limits, width);
-        for ((pid, tid), (r, took)) in pids.into_iter().zip(tids).zip(done) {
+        for (i, (r, took)) in done.into_iter().enumerate() {
+            let (pid, tid) = (pids[i], tids[i]);
             let r = match r {
                 Ok(()) => Ok(Some(tid)),
                 Err(cause) => {
@@ -667,26 +666,25 @@ impl Engine {
         ahead
     }
 
-    /// Parallel mode, at the first CHECKPOINT_DEVICES: the tasks locked ahead that CRIU never
-    /// paused (they exited, or left the tree) are unlocked again, state-driven. One that cannot
-    /// be (or whose failed lock could not be checked) fails the dump, whose rollback tries
-    /// again.
+    /// Parallel mode, at the first CHECKPOINT_DEVICES (or at the dump's end, when CRIU failed
+    /// first): the tasks locked ahead that CRIU never paused (they exited, left the tree, or
+    /// CRIU stopped) are unlocked again, state-driven. One that cannot be (or whose failed lock
+    /// could not be checked) joins the records and fails the dump, whose rollback tries again.
     fn put_back_ahead(&mut self) -> Result<(), EngineError> {
         let mut pids = Vec::new();
         for (pid, r) in self.ahead.as_mut().map(std::mem::take).unwrap_or_default() {
             match r {
-                Ok(Some(tid)) if self.threads.task_exists(pid) => {
-                    self.guard_note(|g| g.intent(pid, Op::Unlock));
-                    if !self.unlock_if_locked(pid, "locked ahead, but CRIU never paused it") {
-                        self.tasks.push(ahead_record(pid, tid));
+                Ok(Some(tid)) => {
+                    let rec = ahead_record(pid, tid);
+                    if !self.roll_back(&rec, "locked ahead, but CRIU never paused it") {
+                        self.tasks.push(rec);
                         pids.push(pid);
-                        continue;
                     }
                 }
+                // A failed lock that may still hold is in the records already.
                 Err(_) if self.index(pid).is_some() => pids.push(pid),
                 _ => {}
             }
-            self.guard_note(|g| g.untrack(pid));
         }
         if pids.is_empty() {
             Ok(())
@@ -859,9 +857,7 @@ impl Engine {
             self.guard_note(|g| g.untrack(pid));
             return EngineError::ForeignLock { pid, state, cause };
         }
-        if cause.may_have_landed()
-            && !self.unlock_if_locked(pid, "the failed lock had landed after all")
-        {
+        if cause.may_have_landed() && !self.unlock_if_locked(pid) {
             rec.locked_by_us = true;
             self.tasks.push(rec);
         } else {
@@ -884,14 +880,17 @@ impl Engine {
 
     /// After a failed lock that may have landed: unlock the task if it is locked after all
     /// (logged). Returns true when the task is known to be back to RUNNING.
-    fn unlock_if_locked(&mut self, pid: Pid, why: &str) -> bool {
+    fn unlock_if_locked(&mut self, pid: Pid) -> bool {
         match self.backend.get_state(pid) {
             Ok(CUprocessState::RUNNING) => true,
             Ok(CUprocessState::LOCKED) => match self.backend.unlock(pid) {
                 Ok(()) => {
                     self.log(
                         Level::Warn,
-                        &format!("PAUSE_DEVICES pid {pid}: {why}; unlocked the task again"),
+                        &format!(
+                            "PAUSE_DEVICES pid {pid}: the failed lock had landed after all; \
+                             unlocked the task again"
+                        ),
                     );
                     true
                 }
@@ -956,19 +955,9 @@ impl Engine {
         if let Some(done) = batched {
             checkpoint_ms = Some(done?);
         } else if rec.initial != CUprocessState::CHECKPOINTED {
-            let known = self
-                .sizes
-                .snapshot
-                .is_some()
-                .then(|| gpu_bytes.iter().map(|(_, b)| b).sum());
-            let deadline = self.copy_deadline(step, pid, known);
-            let resumed = self.resume_thread(step, pid, rec.restore_tid)?;
-            // Marked before the call: a checkpoint that reports a failure (a timeout, say) may
-            // still have happened, and the rollback is state-driven anyway.
-            self.tasks[i].checkpointed_by_us = true;
-            self.guard_note(|g| g.intent(pid, Op::Checkpoint));
+            let (job, resumed) = self.start_checkpoint(i)?;
             let started = std::time::Instant::now();
-            let done = self.backend.checkpoint(pid, deadline);
+            let done = self.backend.checkpoint(pid, job.deadline);
             checkpoint_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
             let stopped = self.threads.restop(resumed);
             done.map_err(|cause| EngineError::Backend { step, pid, cause })?;
@@ -1009,6 +998,25 @@ impl Engine {
         Ok(Outcome::Handled)
     }
 
+    /// What every checkpoint of task `i` starts with: its deadline (by its GPU memory), its
+    /// restore thread resumed, the record marked and the guardian told.
+    fn start_checkpoint(&mut self, i: usize) -> Result<(Job, crate::thread::Resumed), EngineError> {
+        let step = Step::Checkpoint;
+        let (pid, tid) = (self.tasks[i].pid, self.tasks[i].restore_tid);
+        let known = self
+            .sizes
+            .snapshot
+            .is_some()
+            .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
+        let deadline = self.copy_deadline(step, pid, known);
+        let resumed = self.resume_thread(step, pid, tid)?;
+        // Marked before the call: a checkpoint that reports a failure (a timeout, say) may
+        // still have happened, and the rollback is state-driven anyway.
+        self.tasks[i].checkpointed_by_us = true;
+        self.guard_note(|g| g.intent(pid, Op::Checkpoint));
+        Ok((Job { pid, deadline }, resumed))
+    }
+
     /// Parallel mode: checkpoints every task of the dump that is not checkpointed yet, at most
     /// [`EngineConfig::parallel`] at a time: resume each restore thread (from CRIU's thread, the
     /// tracer), run the checkpoints together ([`Backend::checkpoint_many`]), stop each thread
@@ -1021,26 +1029,12 @@ impl Engine {
         let mut results = Vec::new();
         let mut running = Vec::new();
         for i in 0..self.tasks.len() {
-            let rec = self.tasks[i].clone();
-            if rec.initial == CUprocessState::CHECKPOINTED {
+            if self.tasks[i].initial == CUprocessState::CHECKPOINTED {
                 continue;
             }
-            let pid = rec.pid;
-            let known = self
-                .sizes
-                .snapshot
-                .is_some()
-                .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
-            let deadline = self.copy_deadline(step, pid, known);
-            match self.resume_thread(step, pid, rec.restore_tid) {
-                Ok(resumed) => {
-                    self.tasks[i].checkpointed_by_us = true;
-                    self.guard_note(|g| g.intent(pid, Op::Checkpoint));
-                    running.push((Job { pid, deadline }, resumed));
-                }
-                Err(e) => {
-                    results.push((pid, Err(e)));
-                }
+            match self.start_checkpoint(i) {
+                Ok(started) => running.push(started),
+                Err(e) => results.push((self.tasks[i].pid, Err(e))),
             }
         }
         if running.is_empty() {
@@ -1101,12 +1095,9 @@ impl Engine {
         if self.finish == Finish::Done {
             return Ok(());
         }
-        // Tasks locked ahead that CRIU never paused (it failed first) are the rollback's too.
-        for (pid, r) in self.ahead.take().unwrap_or_default() {
-            if let Ok(Some(tid)) = r {
-                self.tasks.push(ahead_record(pid, tid));
-            }
-        }
+        // Tasks locked ahead that CRIU never paused (it failed first); one that cannot be
+        // unlocked now is the rollback's.
+        let _ = self.put_back_ahead();
         if ret == 0 && !self.cfg.leave_running {
             self.finish = Finish::Kept;
             return Ok(());
@@ -1136,41 +1127,11 @@ impl Engine {
             if !rec.locked_by_us && !rec.checkpointed_by_us {
                 continue;
             }
-            // A call of an earlier put-back that timed out must not block this task's.
-            self.backend.settle(Duration::ZERO);
-            let mut steps = Vec::new();
-            self.guard_note(|g| g.intent(rec.pid, Op::Restore));
-            match self.put_back(&rec, &mut steps) {
-                Ok(()) => {
-                    self.tasks[i].locked_by_us = false;
-                    self.tasks[i].checkpointed_by_us = false;
-                    self.guard_note(|g| g.untrack(rec.pid));
-                    let done = if steps.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", steps.join(", "))
-                    };
-                    self.log(
-                        Level::Info,
-                        &format!("pid {}: back to {} ({why}){done}", rec.pid, rec.initial),
-                    );
-                }
-                Err(_) if !self.threads.task_exists(rec.pid) => {
-                    self.tasks[i].locked_by_us = false;
-                    self.tasks[i].checkpointed_by_us = false;
-                    self.guard_note(|g| g.untrack(rec.pid));
-                    self.log(
-                        Level::Warn,
-                        &format!(
-                            "pid {}: the task exited during the dump; there is nothing to put back",
-                            rec.pid
-                        ),
-                    );
-                }
-                Err(e) => {
-                    self.log(Level::Error, &format!("{e}; the task is left as it is"));
-                    failed.push(rec.pid);
-                }
+            if self.roll_back(&rec, why) {
+                self.tasks[i].locked_by_us = false;
+                self.tasks[i].checkpointed_by_us = false;
+            } else {
+                failed.push(rec.pid);
             }
         }
         if failed.is_empty() {
@@ -1180,6 +1141,45 @@ impl Engine {
             self.log(Level::Error, &e.to_string());
             Err(e)
         }
+    }
+
+    /// Puts one task back in its initial state (see [`Engine::put_back`]), logged with `why`;
+    /// false when it could not be (logged as an error). A task that exited has nothing to put
+    /// back.
+    fn roll_back(&mut self, rec: &TaskRecord, why: &str) -> bool {
+        // A call of an earlier put-back that timed out must not block this task's.
+        self.backend.settle(Duration::ZERO);
+        let mut steps = Vec::new();
+        self.guard_note(|g| g.intent(rec.pid, Op::Restore));
+        match self.put_back(rec, &mut steps) {
+            Ok(()) => {
+                self.guard_note(|g| g.untrack(rec.pid));
+                let done = if steps.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", steps.join(", "))
+                };
+                self.log(
+                    Level::Info,
+                    &format!("pid {}: back to {} ({why}){done}", rec.pid, rec.initial),
+                );
+            }
+            Err(_) if !self.threads.task_exists(rec.pid) => {
+                self.guard_note(|g| g.untrack(rec.pid));
+                self.log(
+                    Level::Warn,
+                    &format!(
+                        "pid {}: the task exited during the dump; there is nothing to put back",
+                        rec.pid
+                    ),
+                );
+            }
+            Err(e) => {
+                self.log(Level::Error, &format!("{e}; the task is left as it is"));
+                return false;
+            }
+        }
+        true
     }
 
     /// Before a rollback: a driver call abandoned on timeout (a checkpoint that took too long,

@@ -595,6 +595,11 @@ impl Cli {
     }
 }
 
+/// One job per pid, each with `deadline`.
+fn jobs(pids: &[Pid], deadline: Option<Duration>) -> Vec<Job> {
+    pids.iter().map(|&pid| Job { pid, deadline }).collect()
+}
+
 /// A lock's extra arguments: the driver's own timeout, when there is one.
 fn lock_args(limits: LockLimits) -> Vec<String> {
     let ms = lock_timeout_ms(limits.driver);
@@ -775,14 +780,12 @@ impl Backend for Cli {
     }
 
     fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
-        let deadline = limits.wait;
-        let jobs: Vec<Job> = pids.iter().map(|&pid| Job { pid, deadline }).collect();
+        let jobs = jobs(pids, limits.wait);
         self.action_many(Op::Lock, &jobs, &lock_args(limits), width)
     }
 
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
-        let deadline = op_deadline(Op::Unlock, self.timeout);
-        let jobs: Vec<Job> = pids.iter().map(|&pid| Job { pid, deadline }).collect();
+        let jobs = jobs(pids, op_deadline(Op::Unlock, self.timeout));
         self.action_many(Op::Unlock, &jobs, &[], width)
     }
 

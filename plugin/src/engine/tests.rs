@@ -1721,7 +1721,7 @@ fn a_late_lock_ahead_is_undone_and_the_others_still_wait_for_their_calls() {
         matches!(err, EngineError::Backend { pid: 101, .. }),
         "{err}"
     );
-    // CRIU fails: 102 was never paused, and is put back with 100.
+    // CRIU fails: 102, never paused, is unlocked first, then the rollback puts 100 back.
     e.dump_finish(-1).unwrap();
     assert_eq!(states(&w), vec![CUprocessState::RUNNING; 4]);
     assert_eq!(
@@ -1731,8 +1731,8 @@ fn a_late_lock_ahead_is_undone_and_the_others_still_wait_for_their_calls() {
             "Lock 101",
             "Lock 102",
             "Unlock 101",
-            "Unlock 100",
-            "Unlock 102"
+            "Unlock 102",
+            "Unlock 100"
         ]
     );
     let _ = pids;
