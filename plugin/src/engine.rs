@@ -308,6 +308,27 @@ pub struct Engine {
     restore_batch: Option<Vec<(Pid, Result<Outcome, EngineError>)>>,
     /// A batch ran in the current hook call (see [`Engine::take_batch_ran`]).
     batch_ran: bool,
+    /// Parallel mode, dump: the tasks the first PAUSE_DEVICES locked ahead (with their restore
+    /// threads) or failed to, until each task's own call takes its result (see
+    /// [`Engine::lock_ahead`]).
+    /// (`None`: not a CUDA task).
+    ahead: Option<Ahead>,
+}
+
+/// What the lock-ahead did to each task it probed: its restore thread when it locked it (`None`:
+/// not a CUDA task), or the failure its own call returns (see [`Engine::lock_ahead`]).
+type Ahead = Vec<(Pid, Result<Option<Tid>, EngineError>)>;
+
+/// The record of a task locked ahead ([`Engine::lock_ahead`]): RUNNING at dump start, locked
+/// by us.
+fn ahead_record(pid: Pid, restore_tid: Tid) -> TaskRecord {
+    TaskRecord {
+        pid,
+        restore_tid,
+        initial: CUprocessState::RUNNING,
+        locked_by_us: true,
+        checkpointed_by_us: false,
+    }
 }
 
 /// Takes `pid`'s result out of a batch's results (a batch is a few tasks: a list will do).
@@ -397,6 +418,7 @@ impl Engine {
             checkpoint_batch: None,
             restore_batch: None,
             batch_ran: false,
+            ahead: None,
         }
     }
 
@@ -422,15 +444,21 @@ impl Engine {
     fn guard_note(&mut self, note: impl FnOnce(&dyn Guard) -> Result<(), String>) {
         let Some(g) = &self.guard else { return };
         if let Err(e) = note(&**g) {
-            if !std::mem::replace(&mut self.guard_failed, true) {
-                self.log(
-                    Level::Warn,
-                    &format!(
-                        "cannot tell the guardian what the plugin is doing ({e}); should CRIU die \
-                         now, the tasks it changed may stay locked or checkpointed"
-                    ),
-                );
-            }
+            self.guard_note_failed(&e);
+        }
+    }
+
+    /// A note to the guardian failed: logged the first time (kept out of every note's copy).
+    #[inline(never)]
+    fn guard_note_failed(&mut self, e: &str) {
+        if !std::mem::replace(&mut self.guard_failed, true) {
+            self.log(
+                Level::Warn,
+                &format!(
+                    "cannot tell the guardian what the plugin is doing ({e}); should CRIU die \
+                     now, the tasks it changed may stay locked or checkpointed"
+                ),
+            );
         }
     }
 
@@ -477,46 +505,60 @@ impl Engine {
         self.tasks.iter().position(|t| t.pid == pid)
     }
 
-    /// PAUSE_DEVICES: the task is still running.
+    /// PAUSE_DEVICES: the task is still running. In parallel mode the first call locks the
+    /// tree's CUDA tasks ahead ([`Engine::lock_ahead`]), and each of them takes its own result
+    /// at its own call.
     pub fn pause_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         let step = Step::Pause;
         let be = |cause| EngineError::Backend { step, pid, cause };
-        if self.index(pid).is_some() {
-            return Ok(Outcome::Handled);
-        }
-        self.sizes.root.get_or_insert(pid);
-        let Some(tid) = self.backend.get_restore_tid(pid).map_err(be)? else {
-            self.log(
-                Level::Debug,
-                &format!("pid {pid} has no CUDA restore thread; not ours"),
-            );
-            return Ok(Outcome::NotMine);
+        let mut rec = match self.ahead.as_mut().and_then(|a| take_result(a, pid)) {
+            Some(r) => match r? {
+                Some(tid) => ahead_record(pid, tid),
+                None => return Ok(Outcome::NotMine),
+            },
+            None => {
+                if self.index(pid).is_some() {
+                    return Ok(Outcome::Handled);
+                }
+                self.sizes.root.get_or_insert(pid);
+                if self.cfg.parallel > 1 && self.ahead.is_none() {
+                    self.ahead = Some(self.lock_ahead(pid));
+                    return self.pause_devices(pid);
+                }
+                let Some(tid) = self.backend.get_restore_tid(pid).map_err(be)? else {
+                    self.log(
+                        Level::Debug,
+                        &format!("pid {pid} has no CUDA restore thread; not ours"),
+                    );
+                    return Ok(Outcome::NotMine);
+                };
+                let initial = self.backend.get_state(pid).map_err(be)?;
+                TaskRecord {
+                    pid,
+                    restore_tid: tid,
+                    initial,
+                    locked_by_us: false,
+                    checkpointed_by_us: false,
+                }
+            }
         };
-        let initial = self.backend.get_state(pid).map_err(be)?;
-        let mut rec = TaskRecord {
-            pid,
-            restore_tid: tid,
-            initial,
-            locked_by_us: false,
-            checkpointed_by_us: false,
-        };
+        let (tid, initial) = (rec.restore_tid, rec.initial);
         match initial {
+            // Locked ahead ([`Engine::lock_ahead`]).
+            _ if rec.locked_by_us => {}
             CUprocessState::RUNNING => {
                 if let Some(state) = self.threads.stopped(pid, tid) {
                     return Err(EngineError::Stopped { pid, tid, state });
                 }
                 self.survey(pid)?;
-                let (limits, alarm_left) = self.lock_limits(pid)?;
+                let (limits, alarm_left) = self.lock_limits(pid, 1)?;
                 let bytes = self.known_bytes(pid);
                 self.guard_note(|g| g.track(pid, initial, bytes, &[]));
                 self.guard_note(|g| g.intent(pid, Op::Lock));
                 let started = std::time::Instant::now();
                 if let Err(cause) = self.backend.lock(pid, limits) {
-                    // The alarm is to blame only when the lock ran into the limit it set.
-                    let ran_out = limits
-                        .driver
-                        .is_some_and(|d| started.elapsed() + Duration::from_millis(50) >= d);
-                    return Err(self.failed_lock(rec, cause, alarm_left.filter(|_| ran_out)));
+                    let took = started.elapsed();
+                    return Err(self.failed_lock(rec, cause, limits, took, alarm_left));
                 }
                 rec.locked_by_us = true;
             }
@@ -542,6 +584,113 @@ impl Engine {
         );
         self.tasks.push(rec);
         Ok(Outcome::Handled)
+    }
+
+    /// Parallel mode, at the first PAUSE_DEVICES (`root`): CRIU pauses the tree's tasks one by
+    /// one, each just before it seizes it, and all of them within its freeze alarm; so the
+    /// RUNNING CUDA tasks of the tree below `root` are locked now, together, at most
+    /// [`EngineConfig::parallel`] at a time, under the rules of a lock of one's own: the tree is
+    /// surveyed first, the guardian is told before, each lock gets the alarm's window divided
+    /// by the batch's rounds (so the whole batch ends in time; with too little left, nothing is
+    /// locked ahead), and a failed lock is left as found ([`Engine::failed_lock`]). A failed
+    /// probe, and "not a CUDA task", are that task's result too; a CUDA task that is not plainly
+    /// RUNNING and unstopped is left to its own call, as is one forked after the walk. What
+    /// CRIU then never pauses is unlocked again by [`Engine::put_back_ahead`].
+    fn lock_ahead(&mut self, root: Pid) -> Ahead {
+        let (mut ahead, mut pids, mut tids) = (Vec::new(), Vec::new(), Vec::new());
+        for pid in self.host.tree(root) {
+            let be = |cause| EngineError::Backend {
+                step: Step::Pause,
+                pid,
+                cause,
+            };
+            let tid = match self.backend.get_restore_tid(pid) {
+                Ok(Some(tid)) => tid,
+                Ok(None) => {
+                    ahead.push((pid, Ok(None)));
+                    continue;
+                }
+                Err(cause) => {
+                    ahead.push((pid, Err(be(cause))));
+                    continue;
+                }
+            };
+            match self.backend.get_state(pid) {
+                Ok(CUprocessState::RUNNING) if self.threads.stopped(pid, tid).is_none() => {
+                    pids.push(pid);
+                    tids.push(tid);
+                }
+                Ok(_) => {}
+                Err(cause) => ahead.push((pid, Err(be(cause)))),
+            }
+        }
+        let n = pids.len();
+        let width = self.width(n);
+        // At most one round per process of the tree: far fewer than u32::MAX.
+        let rounds = n.div_ceil(width) as u32;
+        let Some(&first) = pids.first() else {
+            return ahead;
+        };
+        if let Err(e) = self.survey(first) {
+            ahead.push((first, Err(e)));
+            return ahead;
+        }
+        let Ok((limits, alarm_left)) = self.lock_limits(first, rounds) else {
+            return ahead;
+        };
+        for &pid in &pids {
+            let bytes = self.known_bytes(pid);
+            self.guard_note(|g| {
+                g.track(pid, CUprocessState::RUNNING, bytes, &[])?;
+                g.intent(pid, Op::Lock)
+            });
+        }
+        self.log(
+            Level::Info,
+            &format!("PAUSE_DEVICES: locking {n} task(s), {width} at a time (parallel mode)"),
+        );
+        self.batch_ran = true;
+        let done = self.backend.lock_many(&pids, limits, width);
+        for (i, (r, took)) in done.into_iter().enumerate() {
+            let (pid, tid) = (pids[i], tids[i]);
+            let r = match r {
+                Ok(()) => Ok(Some(tid)),
+                Err(cause) => {
+                    let mut rec = ahead_record(pid, tid);
+                    rec.locked_by_us = false;
+                    Err(self.failed_lock(rec, cause, limits, took, alarm_left))
+                }
+            };
+            ahead.push((pid, r));
+        }
+        ahead
+    }
+
+    /// Parallel mode, at the first CHECKPOINT_DEVICES (or at the dump's end, when CRIU failed
+    /// first): the tasks locked ahead that CRIU never paused (they exited, left the tree, or
+    /// CRIU stopped) are unlocked again, state-driven. One that cannot be (or whose failed lock
+    /// could not be checked) joins the records and fails the dump, whose rollback tries again.
+    fn put_back_ahead(&mut self) -> Result<(), EngineError> {
+        let mut pids = Vec::new();
+        for (pid, r) in self.ahead.as_mut().map(std::mem::take).unwrap_or_default() {
+            match r {
+                Ok(Some(tid)) => {
+                    let rec = ahead_record(pid, tid);
+                    if !self.roll_back(&rec, "locked ahead, but CRIU never paused it") {
+                        self.tasks.push(rec);
+                        pids.push(pid);
+                    }
+                }
+                // A failed lock that may still hold is in the records already.
+                Err(_) if self.index(pid).is_some() => pids.push(pid),
+                _ => {}
+            }
+        }
+        if pids.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::RollbackIncomplete { pids })
+        }
     }
 
     /// Once per dump, before its first lock: how much GPU memory the tree holds (NVML), checked
@@ -643,7 +792,13 @@ impl Engine {
     /// gives up, and the plugin returns, before CRIU's alarm fires and, five seconds later,
     /// aborts CRIU without any rollback. Also returns what was left of the alarm when it
     /// shortened the limits.
-    fn lock_limits(&self, pid: Pid) -> Result<(LockLimits, Option<Duration>), EngineError> {
+    /// `rounds`: how many locks run one after another ([`Engine::lock_ahead`]): each gets that
+    /// share of the window.
+    fn lock_limits(
+        &self,
+        pid: Pid,
+        rounds: u32,
+    ) -> Result<(LockLimits, Option<Duration>), EngineError> {
         let base = LockLimits::from_timeout(self.cfg.timeout);
         let timeout = |left| EngineError::FreezeTimeout {
             pid,
@@ -654,7 +809,7 @@ impl Engine {
         match self.host.freeze_alarm() {
             FreezeAlarm::Expired => Err(timeout(None)),
             FreezeAlarm::Armed { left } => {
-                let window = left.saturating_sub(ALARM_RESERVE);
+                let window = left.saturating_sub(ALARM_RESERVE) / rounds.max(1);
                 if window < MIN_LOCK_WINDOW {
                     return Err(timeout(Some(left)));
                 }
@@ -684,9 +839,16 @@ impl Engine {
         &mut self,
         mut rec: TaskRecord,
         cause: BackendError,
+        limits: LockLimits,
+        took: Duration,
         alarm_left: Option<Duration>,
     ) -> EngineError {
         let pid = rec.pid;
+        // The alarm is to blame only when the lock ran into the limit it set.
+        let ran_out = limits
+            .driver
+            .is_some_and(|d| took + Duration::from_millis(50) >= d);
+        let alarm_left = alarm_left.filter(|_| ran_out);
         if cause.is_illegal_state() {
             let state = match self.backend.get_state(pid) {
                 Ok(s) => s.to_string(),
@@ -772,6 +934,7 @@ impl Engine {
     /// CHECKPOINT_DEVICES: the whole tree is ptrace-stopped.
     pub fn checkpoint_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         let step = Step::Checkpoint;
+        self.put_back_ahead()?;
         if self.cfg.parallel > 1 && self.checkpoint_batch.is_none() {
             // CRIU calls CHECKPOINT_DEVICES for every task in one loop with the whole tree
             // frozen (criu/seize.c, checkpoint_devices): the first call starts them all.
@@ -792,19 +955,9 @@ impl Engine {
         if let Some(done) = batched {
             checkpoint_ms = Some(done?);
         } else if rec.initial != CUprocessState::CHECKPOINTED {
-            let known = self
-                .sizes
-                .snapshot
-                .is_some()
-                .then(|| gpu_bytes.iter().map(|(_, b)| b).sum());
-            let deadline = self.copy_deadline(step, pid, known);
-            let resumed = self.resume_thread(step, pid, rec.restore_tid)?;
-            // Marked before the call: a checkpoint that reports a failure (a timeout, say) may
-            // still have happened, and the rollback is state-driven anyway.
-            self.tasks[i].checkpointed_by_us = true;
-            self.guard_note(|g| g.intent(pid, Op::Checkpoint));
+            let (job, resumed) = self.start_checkpoint(i)?;
             let started = std::time::Instant::now();
-            let done = self.backend.checkpoint(pid, deadline);
+            let done = self.backend.checkpoint(pid, job.deadline);
             checkpoint_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
             let stopped = self.threads.restop(resumed);
             done.map_err(|cause| EngineError::Backend { step, pid, cause })?;
@@ -845,6 +998,25 @@ impl Engine {
         Ok(Outcome::Handled)
     }
 
+    /// What every checkpoint of task `i` starts with: its deadline (by its GPU memory), its
+    /// restore thread resumed, the record marked and the guardian told.
+    fn start_checkpoint(&mut self, i: usize) -> Result<(Job, crate::thread::Resumed), EngineError> {
+        let step = Step::Checkpoint;
+        let (pid, tid) = (self.tasks[i].pid, self.tasks[i].restore_tid);
+        let known = self
+            .sizes
+            .snapshot
+            .is_some()
+            .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
+        let deadline = self.copy_deadline(step, pid, known);
+        let resumed = self.resume_thread(step, pid, tid)?;
+        // Marked before the call: a checkpoint that reports a failure (a timeout, say) may
+        // still have happened, and the rollback is state-driven anyway.
+        self.tasks[i].checkpointed_by_us = true;
+        self.guard_note(|g| g.intent(pid, Op::Checkpoint));
+        Ok((Job { pid, deadline }, resumed))
+    }
+
     /// Parallel mode: checkpoints every task of the dump that is not checkpointed yet, at most
     /// [`EngineConfig::parallel`] at a time: resume each restore thread (from CRIU's thread, the
     /// tracer), run the checkpoints together ([`Backend::checkpoint_many`]), stop each thread
@@ -857,26 +1029,12 @@ impl Engine {
         let mut results = Vec::new();
         let mut running = Vec::new();
         for i in 0..self.tasks.len() {
-            let rec = self.tasks[i].clone();
-            if rec.initial == CUprocessState::CHECKPOINTED {
+            if self.tasks[i].initial == CUprocessState::CHECKPOINTED {
                 continue;
             }
-            let pid = rec.pid;
-            let known = self
-                .sizes
-                .snapshot
-                .is_some()
-                .then(|| self.task_bytes(pid).iter().map(|(_, b)| b).sum());
-            let deadline = self.copy_deadline(step, pid, known);
-            match self.resume_thread(step, pid, rec.restore_tid) {
-                Ok(resumed) => {
-                    self.tasks[i].checkpointed_by_us = true;
-                    self.guard_note(|g| g.intent(pid, Op::Checkpoint));
-                    running.push((Job { pid, deadline }, resumed));
-                }
-                Err(e) => {
-                    results.push((pid, Err(e)));
-                }
+            match self.start_checkpoint(i) {
+                Ok(started) => running.push(started),
+                Err(e) => results.push((self.tasks[i].pid, Err(e))),
             }
         }
         if running.is_empty() {
@@ -937,6 +1095,9 @@ impl Engine {
         if self.finish == Finish::Done {
             return Ok(());
         }
+        // Tasks locked ahead that CRIU never paused (it failed first); one that cannot be
+        // unlocked now is the rollback's.
+        let _ = self.put_back_ahead();
         if ret == 0 && !self.cfg.leave_running {
             self.finish = Finish::Kept;
             return Ok(());
@@ -966,41 +1127,11 @@ impl Engine {
             if !rec.locked_by_us && !rec.checkpointed_by_us {
                 continue;
             }
-            // A call of an earlier put-back that timed out must not block this task's.
-            self.backend.settle(Duration::ZERO);
-            let mut steps = Vec::new();
-            self.guard_note(|g| g.intent(rec.pid, Op::Restore));
-            match self.put_back(&rec, &mut steps) {
-                Ok(()) => {
-                    self.tasks[i].locked_by_us = false;
-                    self.tasks[i].checkpointed_by_us = false;
-                    self.guard_note(|g| g.untrack(rec.pid));
-                    let done = if steps.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", steps.join(", "))
-                    };
-                    self.log(
-                        Level::Info,
-                        &format!("pid {}: back to {} ({why}){done}", rec.pid, rec.initial),
-                    );
-                }
-                Err(_) if !self.threads.task_exists(rec.pid) => {
-                    self.tasks[i].locked_by_us = false;
-                    self.tasks[i].checkpointed_by_us = false;
-                    self.guard_note(|g| g.untrack(rec.pid));
-                    self.log(
-                        Level::Warn,
-                        &format!(
-                            "pid {}: the task exited during the dump; there is nothing to put back",
-                            rec.pid
-                        ),
-                    );
-                }
-                Err(e) => {
-                    self.log(Level::Error, &format!("{e}; the task is left as it is"));
-                    failed.push(rec.pid);
-                }
+            if self.roll_back(&rec, why) {
+                self.tasks[i].locked_by_us = false;
+                self.tasks[i].checkpointed_by_us = false;
+            } else {
+                failed.push(rec.pid);
             }
         }
         if failed.is_empty() {
@@ -1010,6 +1141,45 @@ impl Engine {
             self.log(Level::Error, &e.to_string());
             Err(e)
         }
+    }
+
+    /// Puts one task back in its initial state (see [`Engine::put_back`]), logged with `why`;
+    /// false when it could not be (logged as an error). A task that exited has nothing to put
+    /// back.
+    fn roll_back(&mut self, rec: &TaskRecord, why: &str) -> bool {
+        // A call of an earlier put-back that timed out must not block this task's.
+        self.backend.settle(Duration::ZERO);
+        let mut steps = Vec::new();
+        self.guard_note(|g| g.intent(rec.pid, Op::Restore));
+        match self.put_back(rec, &mut steps) {
+            Ok(()) => {
+                self.guard_note(|g| g.untrack(rec.pid));
+                let done = if steps.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", steps.join(", "))
+                };
+                self.log(
+                    Level::Info,
+                    &format!("pid {}: back to {} ({why}){done}", rec.pid, rec.initial),
+                );
+            }
+            Err(_) if !self.threads.task_exists(rec.pid) => {
+                self.guard_note(|g| g.untrack(rec.pid));
+                self.log(
+                    Level::Warn,
+                    &format!(
+                        "pid {}: the task exited during the dump; there is nothing to put back",
+                        rec.pid
+                    ),
+                );
+            }
+            Err(e) => {
+                self.log(Level::Error, &format!("{e}; the task is left as it is"));
+                return false;
+            }
+        }
+        true
     }
 
     /// Before a rollback: a driver call abandoned on timeout (a checkpoint that took too long,

@@ -97,6 +97,9 @@ impl Backend for TimedBackend {
     fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
         self.timed(|b| b.restore_many(jobs, pairs, width))
     }
+    fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
+        self.timed(|b| b.lock_many(pids, limits, width))
+    }
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
         self.timed(|b| b.unlock_many(pids, width))
     }

@@ -595,6 +595,21 @@ impl Cli {
     }
 }
 
+/// One job per pid, each with `deadline`.
+fn jobs(pids: &[Pid], deadline: Option<Duration>) -> Vec<Job> {
+    pids.iter().map(|&pid| Job { pid, deadline }).collect()
+}
+
+/// A lock's extra arguments: the driver's own timeout, when there is one.
+fn lock_args(limits: LockLimits) -> Vec<String> {
+    let ms = lock_timeout_ms(limits.driver);
+    if ms == 0 {
+        Vec::new()
+    } else {
+        vec!["--timeout".to_owned(), ms.to_string()]
+    }
+}
+
 /// The utility's argv for `op` on `pid`, then `args`.
 fn action_argv(op: Op, pid: Pid, mut args: Vec<String>) -> Vec<String> {
     let mut full = vec![
@@ -703,13 +718,7 @@ impl Backend for Cli {
     }
 
     fn lock(&mut self, pid: Pid, limits: LockLimits) -> Result<(), BackendError> {
-        let ms = lock_timeout_ms(limits.driver);
-        let args = if ms == 0 {
-            Vec::new()
-        } else {
-            vec!["--timeout".to_owned(), ms.to_string()]
-        };
-        self.action(Op::Lock, pid, args, limits.wait)
+        self.action(Op::Lock, pid, lock_args(limits), limits.wait)
     }
 
     fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
@@ -770,9 +779,13 @@ impl Backend for Cli {
         self.action_many(Op::Restore, jobs, &extra, width)
     }
 
+    fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
+        let jobs = jobs(pids, limits.wait);
+        self.action_many(Op::Lock, &jobs, &lock_args(limits), width)
+    }
+
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
-        let deadline = op_deadline(Op::Unlock, self.timeout);
-        let jobs: Vec<Job> = pids.iter().map(|&pid| Job { pid, deadline }).collect();
+        let jobs = jobs(pids, op_deadline(Op::Unlock, self.timeout));
         self.action_many(Op::Unlock, &jobs, &[], width)
     }
 

@@ -255,6 +255,15 @@ impl DriverExec for LocalExec {
     }
 }
 
+/// One call per pid (for [`DriverApi::code_many`]), each waited for at most `deadline`.
+fn per_pid(
+    pids: &[Pid],
+    deadline: Option<Duration>,
+    call: &dyn Fn(Pid) -> DriverCall,
+) -> Vec<(Pid, Option<Duration>, DriverCall)> {
+    pids.iter().map(|&p| (p, deadline, call(p))).collect()
+}
+
 /// The driver-API backend.
 pub struct DriverApi {
     exec: Arc<dyn DriverExec>,
@@ -544,14 +553,16 @@ impl Backend for DriverApi {
         self.code_many(Op::Restore, jobs, width)
     }
 
+    fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
+        let timeout_ms = lock_timeout_ms(limits.driver);
+        let call = |pid| DriverCall::Lock { pid, timeout_ms };
+        self.code_many(Op::Lock, per_pid(pids, limits.wait, &call), width)
+    }
+
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
         let op = Op::Unlock;
         let deadline = op_deadline(op, self.timeout);
-        let jobs = pids
-            .iter()
-            .map(|&p| (p, deadline, DriverCall::Unlock(p)))
-            .collect();
-        self.code_many(op, jobs, width)
+        self.code_many(op, per_pid(pids, deadline, &DriverCall::Unlock), width)
     }
 }
 

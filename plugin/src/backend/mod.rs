@@ -362,6 +362,13 @@ pub trait Backend: Send {
             .map(|j| timed_job(|| self.restore(j.pid, pairs, j.deadline)))
             .collect()
     }
+    /// RUNNING -> LOCKED for every pid, each within `limits` (see [`Backend::checkpoint_many`]).
+    fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
+        let _ = width;
+        pids.iter()
+            .map(|&p| timed_job(|| self.lock(p, limits)))
+            .collect()
+    }
     /// LOCKED -> RUNNING for every pid (see [`Backend::checkpoint_many`]).
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
         let _ = width;

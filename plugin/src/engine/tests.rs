@@ -3,7 +3,7 @@
 //! a tiny CRIU that calls the hooks in CRIU's order. Faults can be injected at any call.
 
 use super::*;
-use crate::backend::{BackendKind, Op};
+use crate::backend::{BackendKind, JobResult, Op};
 use crate::thread::Resumed;
 use abi::{CUresult, GpuUuid};
 use std::collections::{BTreeMap, HashMap};
@@ -70,6 +70,8 @@ struct World {
     alarm: Option<FreezeAlarm>,
     /// The limits of every lock call, in order.
     lock_limits: Vec<LockLimits>,
+    /// Every lock batch ([`Backend::lock_many`]): its pids and width.
+    lock_batches: Vec<(Vec<Pid>, usize)>,
     /// The deadline of every checkpoint and restore call, in order.
     copy_deadlines: Vec<Option<Duration>>,
     /// What NVML says (`None`: NVML is not available).
@@ -213,6 +215,16 @@ impl Backend for FakeBackend {
             }
         }
         r
+    }
+    fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
+        self.0
+            .lock()
+            .unwrap()
+            .lock_batches
+            .push((pids.to_vec(), width));
+        pids.iter()
+            .map(|&p| crate::backend::timed_job(|| self.lock(p, limits)))
+            .collect()
     }
     fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
         self.0.lock().unwrap().copy_deadlines.push(deadline);
@@ -1594,4 +1606,219 @@ fn copy_deadlines_grow_with_the_task_s_memory_and_images_record_it() {
             .any(|m| m.contains("the host-memory check is skipped")),
         "{logs:?}"
     );
+}
+
+/// Parallel mode: the tree of [`world`] with `n` CUDA tasks (100..) and the CPU-only task last.
+fn ahead_world(n: usize) -> (Shared, Vec<Pid>) {
+    let mut w = World::default();
+    let mut pids: Vec<Pid> = (0..n as Pid).map(|i| 100 + i).collect();
+    for &pid in &pids {
+        w.tasks
+            .insert(pid, FakeTask::new(true, CUprocessState::RUNNING, pid + 50));
+    }
+    let cpu = 100 + n as Pid;
+    w.tasks
+        .insert(cpu, FakeTask::new(false, CUprocessState::RUNNING, 0));
+    pids.push(cpu);
+    (Arc::new(Mutex::new(w)), pids)
+}
+
+fn parallel(n: usize) -> EngineConfig {
+    EngineConfig {
+        parallel: n,
+        ..EngineConfig::default()
+    }
+}
+
+/// The index, in a clean parallel dump of `world`, of the call named `name`.
+fn clean_call_index(n: usize, name: &str) -> usize {
+    let (w, pids) = ahead_world(n);
+    let mut e = engine(&w, parallel(4));
+    assert_eq!(criu_dump_pids(&w, &mut e, &pids).0, 0);
+    let calls = w.lock().unwrap().calls.clone();
+    calls.iter().position(|c| c == name).expect(name)
+}
+
+#[test]
+fn lock_ahead_locks_the_tree_s_cuda_tasks_together_at_the_first_pause() {
+    let (w, pids) = ahead_world(2);
+    let mut e = engine(&w, parallel(4));
+    assert_eq!(e.pause_devices(100).unwrap(), Outcome::Handled);
+    assert!(e.take_batch_ran(), "the first call locked the tree");
+    assert_eq!(w.lock().unwrap().lock_batches, vec![(vec![100, 101], 2)]);
+    assert_eq!(
+        states(&w),
+        [
+            CUprocessState::LOCKED,
+            CUprocessState::LOCKED,
+            CUprocessState::RUNNING
+        ]
+    );
+    let before = w.lock().unwrap().calls.len();
+    assert_eq!(e.pause_devices(101).unwrap(), Outcome::Handled);
+    assert_eq!(e.pause_devices(102).unwrap(), Outcome::NotMine);
+    assert!(!e.take_batch_ran());
+    assert_eq!(
+        w.lock().unwrap().calls.len(),
+        before,
+        "each later call takes its task's result: no probe, no lock"
+    );
+    assert!(e.tasks().iter().all(|t| t.locked_by_us));
+    // The rest of the dump, and sequential mode never locks ahead.
+    let (w, pids2) = ahead_world(2);
+    let mut e = engine(&w, parallel(4));
+    assert_eq!(criu_dump_pids(&w, &mut e, &pids2).0, 0);
+    assert_eq!(states(&w)[..2], [CUprocessState::CHECKPOINTED; 2]);
+    let (w, _) = ahead_world(2);
+    let mut e = engine(&w, parallel(1));
+    assert_eq!(criu_dump_pids(&w, &mut e, &pids).0, 0);
+    assert!(w.lock().unwrap().lock_batches.is_empty());
+}
+
+#[test]
+fn lock_ahead_leaves_a_foreign_lock_alone_and_reports_it_for_its_own_task() {
+    let k = clean_call_index(2, "Lock 101");
+    let (w, pids) = ahead_world(2);
+    w.lock().unwrap().fault_at = Some((k, FaultKind::ForeignLock));
+    let mut e = engine(&w, parallel(4));
+    let (ret, err) = criu_dump_pids(&w, &mut e, &pids);
+    assert_eq!(ret, -1);
+    let err = err.unwrap();
+    assert!(
+        matches!(err, EngineError::ForeignLock { pid: 101, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        states(&w),
+        [
+            CUprocessState::RUNNING,
+            CUprocessState::LOCKED,
+            CUprocessState::RUNNING
+        ],
+        "ours undone, theirs kept"
+    );
+    assert_eq!(lock_calls(&w), ["Lock 100", "Lock 101", "Unlock 100"]);
+}
+
+#[test]
+fn a_late_lock_ahead_is_undone_and_the_others_still_wait_for_their_calls() {
+    let k = clean_call_index(3, "Lock 101");
+    let (w, pids) = ahead_world(3);
+    w.lock().unwrap().fault_at = Some((k, FaultKind::LateSuccess));
+    let mut e = engine(&w, parallel(4));
+    e.pause_devices(100).unwrap();
+    assert_eq!(
+        states(&w)[..3],
+        [
+            CUprocessState::LOCKED,
+            CUprocessState::RUNNING,
+            CUprocessState::LOCKED
+        ],
+        "the late lock is undone at once"
+    );
+    let err = e.pause_devices(101).unwrap_err();
+    assert!(
+        matches!(err, EngineError::Backend { pid: 101, .. }),
+        "{err}"
+    );
+    // CRIU fails: 102, never paused, is unlocked first, then the rollback puts 100 back.
+    e.dump_finish(-1).unwrap();
+    assert_eq!(states(&w), vec![CUprocessState::RUNNING; 4]);
+    assert_eq!(
+        lock_calls(&w),
+        [
+            "Lock 100",
+            "Lock 101",
+            "Lock 102",
+            "Unlock 101",
+            "Unlock 102",
+            "Unlock 100"
+        ]
+    );
+    let _ = pids;
+}
+
+#[test]
+fn a_task_locked_ahead_but_never_paused_is_unlocked_before_the_checkpoints() {
+    let (w, _) = ahead_world(2);
+    let mut e = engine(&w, parallel(4));
+    // 101 left the tree after the walk: CRIU pauses and checkpoints 100 and 102 only.
+    let (ret, err) = criu_dump_pids(&w, &mut e, &[100, 102]);
+    assert_eq!(ret, 0, "{err:?}");
+    assert_eq!(
+        states(&w),
+        [
+            CUprocessState::CHECKPOINTED,
+            CUprocessState::RUNNING,
+            CUprocessState::RUNNING
+        ]
+    );
+    let calls = w.lock().unwrap().calls.clone();
+    let unlock = calls.iter().position(|c| c == "Unlock 101").unwrap();
+    let checkpoint = calls.iter().position(|c| c == "Checkpoint 100").unwrap();
+    assert!(unlock < checkpoint, "{calls:?}");
+    let list =
+        crate::image::TaskList::decode(&w.lock().unwrap().task_list.clone().unwrap()).unwrap();
+    assert_eq!(list.pids, vec![100], "only what CRIU dumped is listed");
+}
+
+#[test]
+fn lock_ahead_divides_the_freeze_alarm_among_its_rounds_and_blames_it_by_pid() {
+    let cfg = || EngineConfig {
+        timeout: Some(Duration::from_secs(30)),
+        criu_timeout: Some(10),
+        parallel: 2,
+        ..Default::default()
+    };
+    // 4 tasks, 2 at a time: two rounds share the 2 s window (3 s left less the reserve).
+    let (w, pids) = ahead_world(4);
+    w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
+        left: Duration::from_secs(3),
+    });
+    let mut e = engine(&w, cfg());
+    e.pause_devices(100).unwrap();
+    assert_eq!(
+        w.lock().unwrap().lock_batches,
+        vec![(pids[..4].to_vec(), 2)]
+    );
+    assert_eq!(
+        w.lock().unwrap().lock_limits,
+        vec![
+            LockLimits {
+                driver: Some(Duration::from_millis(800)),
+                wait: Some(Duration::from_secs(1)),
+            };
+            4
+        ]
+    );
+    // A lock that runs into that limit is a freeze timeout of its own task.
+    let k = clean_call_index(4, "Lock 102");
+    let (w, pids) = ahead_world(4);
+    {
+        let mut g = w.lock().unwrap();
+        g.alarm = Some(FreezeAlarm::Armed {
+            left: Duration::from_millis(1500),
+        });
+        g.fault_at = Some((k, FaultKind::Timeout));
+    }
+    let mut e = engine(&w, cfg());
+    let (ret, err) = criu_dump_pids(&w, &mut e, &pids);
+    assert_eq!(ret, -1);
+    let err = err.unwrap();
+    assert!(
+        matches!(err, EngineError::FreezeTimeout { pid: 102, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--timeout 10 s"), "{err}");
+    assert_eq!(states(&w), vec![CUprocessState::RUNNING; 5]);
+    // Too little left to share: nothing locked ahead, the first task fails as it would alone.
+    let (w, _) = ahead_world(4);
+    w.lock().unwrap().alarm = Some(FreezeAlarm::Expired);
+    let mut e = engine(&w, cfg());
+    let err = e.pause_devices(100).unwrap_err();
+    assert!(
+        matches!(err, EngineError::FreezeTimeout { pid: 100, .. }),
+        "{err}"
+    );
+    assert!(lock_calls(&w).is_empty());
 }

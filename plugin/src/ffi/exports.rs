@@ -165,13 +165,19 @@ pub fn guard<R>(entry: &str, fallback: R, body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(r) => r,
         Err(p) => {
-            log(
-                Level::Error,
-                &format!("panic in {entry}: {}; failing the call", panic_message(&*p)),
-            );
+            log_panic(entry, &*p);
             fallback
         }
     }
+}
+
+/// Logs a panic caught by [`guard`] (once, not in each entry point's copy of it).
+#[inline(never)]
+fn log_panic(entry: &str, p: &(dyn std::any::Any + Send)) {
+    log(
+        Level::Error,
+        &format!("panic in {entry}: {}; failing the call", panic_message(p)),
+    );
 }
 
 fn install_panic_hook() {
