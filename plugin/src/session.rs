@@ -265,6 +265,17 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     if restore {
         svc.inventory_consume().map_err(PluginError::Inventory)?;
     }
+    // Without the guardian the driver API's calls run one at a time inside CRIU: a batch would
+    // overlap nothing, and locks ahead would each get a share of CRIU's freeze alarm sized for
+    // overlapping rounds, so their sum would not be bounded by it.
+    let mut parallel = options.parallel.width();
+    if parallel > 1 && options.no_guardian && matches!(selected, Selected::Driver { .. }) {
+        parallel = 1;
+        notes.push(
+            "parallel: off for the driver API with guardian=off (its calls run one at a time)"
+                .to_owned(),
+        );
+    }
     Ok(Start::Enabled(Box::new(Plan {
         stage: ctx.stage,
         selected,
@@ -281,7 +292,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
                 .min_copy_rate
                 .as_ref()
                 .map_or(0.0, crate::options::CopyRate::bytes_per_second),
-            parallel: options.parallel.width(),
+            parallel,
         },
         options,
         notes,
@@ -769,6 +780,31 @@ mod tests {
             start(&c, &mut svc).unwrap_err(),
             PluginError::DeviceMap(_)
         ));
+    }
+
+    #[test]
+    fn parallel_is_off_for_the_driver_api_without_the_guardian() {
+        let width = |opts: &[&str]| {
+            let mut c = ctx(Stage::DUMP);
+            c.host_options = Some(opts.iter().map(|o| format!("--cuda_plugin.{o}")).collect());
+            let mut svc = Svc {
+                driver_version: Some(13000),
+                cli_ok: true,
+                ..Default::default()
+            };
+            let Start::Enabled(plan) = start(&c, &mut svc).unwrap() else {
+                panic!()
+            };
+            let noted = plan.notes.iter().any(|n| n.contains("guardian=off"));
+            (plan.cfg.parallel, noted)
+        };
+        let driver = "backend=driver-api";
+        let cli = "backend=cuda-checkpoint";
+        assert_eq!(width(&[driver, "parallel=4"]), (4, false));
+        assert_eq!(width(&[driver, "parallel=4", "guardian=off"]), (1, true));
+        // The utility's runs are child processes: they overlap without the guardian.
+        assert_eq!(width(&[cli, "parallel=4", "guardian=off"]), (4, false));
+        assert_eq!(width(&[driver, "guardian=off"]), (1, false));
     }
 
     #[test]
