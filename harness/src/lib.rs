@@ -43,6 +43,7 @@ pub mod meta;
 pub mod options;
 mod procfs;
 pub mod profile;
+pub mod profiles_table;
 pub mod pstree;
 pub mod runner;
 pub mod scenario;

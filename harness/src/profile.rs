@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use abi::criu::host_hooks;
+use crate::profiles_table::{ProfileFacts, PROFILES};
 
 /// A CRIU host the harness can impersonate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,76 +31,68 @@ impl HostProfile {
     /// The profile used when none is requested: the line the CUDA plugin is developed against.
     pub const DEFAULT: HostProfile = Self::Pr3076;
 
+    /// This profile's row of the facts table ([`crate::profiles_table`]).
+    #[must_use]
+    pub const fn facts(self) -> &'static ProfileFacts {
+        &PROFILES[self as usize]
+    }
+
     /// The name used on the command line and in the engine executable's name.
     #[must_use]
     pub const fn tag(self) -> &'static str {
-        match self {
-            Self::Criu41 => "4.1",
-            Self::Criu42 => "4.2",
-            Self::Upstream => "upstream",
-            Self::Pr3076 => "pr3076",
-        }
+        self.facts().tag
     }
 
     /// The engine executable implementing this profile (a sibling of the `harness` front-end).
     #[must_use]
     pub const fn engine_bin(self) -> &'static str {
-        match self {
-            Self::Criu41 => "harness-engine-41",
-            Self::Criu42 => "harness-engine-42",
-            Self::Upstream => "harness-engine-upstream",
-            Self::Pr3076 => "harness-engine-pr3076",
-        }
+        self.facts().bin
     }
 
     /// `CR_PLUGIN_HOOK__MAX` of the host.
     #[must_use]
     pub const fn hooks(self) -> u32 {
-        match self {
-            Self::Criu41 => host_hooks::CRIU_4_1,
-            Self::Criu42 => host_hooks::CRIU_4_2,
-            Self::Upstream => host_hooks::UPSTREAM,
-            Self::Pr3076 => host_hooks::PR_3076,
-        }
+        self.facts().hooks
     }
 
     /// Whether the host exports `has_inventory_plugin`.
     #[must_use]
     pub const fn has_inventory_query(self) -> bool {
-        matches!(self, Self::Upstream | Self::Pr3076)
+        self.facts().inventory_query
     }
 
     /// Whether the host exports `criu_plugin_get_options` (and accepts `--plugin-option`).
     #[must_use]
     pub const fn has_plugin_options(self) -> bool {
-        matches!(self, Self::Upstream | Self::Pr3076)
+        self.facts().plugin_options
     }
 
     /// Offset of `opts.stream` in `struct cr_options` on x86_64.
     #[must_use]
     pub const fn stream_offset(self) -> usize {
-        match self {
-            Self::Criu41 => 0x194,
-            _ => 0x198,
-        }
+        self.facts().stream_offset
     }
 
     /// `sizeof(struct cr_options)` on x86_64, the ELF size of the exported `opts`: 0x1f8 in
     /// Debian's 4.1.1, 0x200 from 4.2 on (`allow_uprobes` was added; `stream` moved).
     #[must_use]
     pub const fn opts_size(self) -> usize {
-        match self {
-            Self::Criu41 => 0x1f8,
-            _ => 0x200,
-        }
+        self.facts().opts_size
+    }
+
+    /// Every host symbol this profile's engine exports (its dynamic list, see `build.rs`).
+    #[must_use]
+    pub fn exported_symbols(self) -> Vec<&'static str> {
+        self.facts().exported_symbols()
     }
 
     /// The rule set this host applies unless overridden.
     #[must_use]
     pub const fn default_rules(self) -> Rules {
-        match self {
-            Self::Criu41 | Self::Criu42 => Rules::Criu41,
-            Self::Upstream | Self::Pr3076 => Rules::Newer,
+        if self.facts().newer_rules {
+            Rules::Newer
+        } else {
+            Rules::Criu41
         }
     }
 }
@@ -200,9 +192,77 @@ mod tests {
 
     #[test]
     fn hook_counts_match_abi() {
+        use abi::criu::host_hooks;
+        assert_eq!(HostProfile::Criu41.hooks(), host_hooks::CRIU_4_1);
+        assert_eq!(HostProfile::Criu42.hooks(), host_hooks::CRIU_4_2);
+        assert_eq!(HostProfile::Upstream.hooks(), host_hooks::UPSTREAM);
+        assert_eq!(HostProfile::Pr3076.hooks(), host_hooks::PR_3076);
         assert_eq!(HostProfile::Criu41.hooks(), 12);
         assert_eq!(HostProfile::Criu42.hooks(), 13);
         assert_eq!(HostProfile::Upstream.hooks(), 16);
         assert_eq!(HostProfile::Pr3076.hooks(), 17);
+    }
+
+    #[test]
+    fn table_rows_follow_all() {
+        assert_eq!(PROFILES.len(), HostProfile::ALL.len());
+        for (i, p) in HostProfile::ALL.into_iter().enumerate() {
+            assert_eq!(p as usize, i);
+            assert_eq!(p.facts(), &PROFILES[i]);
+            assert_eq!(p.engine_bin().parse::<HostProfile>().ok(), None);
+            assert_eq!(p.tag().parse::<HostProfile>(), Ok(p));
+            let symbols = p.exported_symbols();
+            assert_eq!(
+                symbols.contains(&"has_inventory_plugin"),
+                p.has_inventory_query()
+            );
+            assert_eq!(
+                symbols.contains(&"criu_plugin_get_options"),
+                p.has_plugin_options()
+            );
+            assert!(symbols.contains(&"cr_plugin_ctl") && symbols.contains(&"opts"));
+        }
+        // The values the engines were written against, unchanged by the move into the table.
+        let sizes: Vec<_> = HostProfile::ALL
+            .iter()
+            .map(|p| (p.opts_size(), p.stream_offset(), p.default_rules()))
+            .collect();
+        assert_eq!(
+            sizes,
+            [
+                (0x1f8, 0x194, Rules::Criu41),
+                (0x200, 0x198, Rules::Criu41),
+                (0x200, 0x198, Rules::Newer),
+                (0x200, 0x198, Rules::Newer),
+            ]
+        );
+    }
+
+    /// `harness/Cargo.toml` lists one `[[bin]]` per profile; it must name the table's executables.
+    #[test]
+    fn cargo_toml_bins_match_table() {
+        let manifest: toml::Table = toml::from_str(include_str!("../Cargo.toml")).unwrap();
+        let mut engines: Vec<(String, String)> = manifest["bin"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["name"].as_str().unwrap().to_owned(),
+                    b["path"].as_str().unwrap().to_owned(),
+                )
+            })
+            .filter(|(name, _)| name.starts_with("harness-engine-"))
+            .collect();
+        engines.sort();
+        let mut expected: Vec<(String, String)> = PROFILES
+            .iter()
+            .map(|f| {
+                let tag = f.bin.trim_start_matches("harness-engine-");
+                (f.bin.to_owned(), format!("src/bin/engine_{tag}.rs"))
+            })
+            .collect();
+        expected.sort();
+        assert_eq!(engines, expected);
     }
 }
