@@ -597,19 +597,13 @@ pub fn cases(full: bool) -> Vec<Case> {
     out
 }
 
-/// The same cases in the plugin's parallel mode, wherever that mode can change what happens:
-/// the calls of CHECKPOINT_DEVICES (the batch starts there), the rollback of a failed
-/// checkpoint, and every call of a restore (the batch of RESUME_DEVICES_LATE). The calls of
-/// PAUSE_DEVICES (the probe, the state queries and the locks of a dump) run the same code in
-/// both modes, so their cases run once.
+/// Every case again in the plugin's parallel mode: the mode changes every phase (the locks
+/// ahead at the first PAUSE_DEVICES, the batch of CHECKPOINT_DEVICES, the rollback of tasks
+/// locked or checkpointed together, the batch of RESUME_DEVICES_LATE).
 #[must_use]
 pub fn parallel_cases(cases: &[Case]) -> Vec<Case> {
     cases
         .iter()
-        .filter(|c| match c.phase {
-            Phase::Dump => c.call.ends_with("Checkpoint") || c.call.ends_with(":checkpoint"),
-            Phase::Rollback | Phase::Restore => true,
-        })
         .map(|c| Case {
             parallel: true,
             ..*c
