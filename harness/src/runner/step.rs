@@ -233,100 +233,145 @@ impl Exec<'_> {
         if step.action.is_harness_side() {
             return self.harness_step(i, step);
         }
-        let img = self.dir.join("img");
-        let log = self.dir.join(format!("step{i}.log"));
-        let trace = self.dir.join(format!("step{i}.trace"));
-        let tp_log = self.dir.join(format!("step{i}.tp"));
+        let files = StepFiles::new(&self.dir, i);
+        let (mut c, label, env_options) = if step.action == Action::CudaCheckpoint {
+            (self.cuda_checkpoint_command(step), "cuda-checkpoint", None)
+        } else if let Some(criu) = self.criu.clone() {
+            self.criu_command(&criu, i, step, lib, &files)?
+        } else {
+            self.engine_command(step, lib, &files)?
+        };
+        self.step_env(&mut c, step, &files, env_options);
+        // The CUDA tasks already checkpointed before a dump (by the user, not by the dump).
+        let before = if step.action == Action::Dump {
+            self.checkpointed_tasks()?
+        } else {
+            Vec::new()
+        };
+        let mut ran = self.run_step(&mut c, label, i, step, &files)?;
+        self.record_step(i, step, &mut ran, &files);
+        self.check_step(i, step, &ran, &files, &before)
+    }
+
+    /// A `cuda-checkpoint` run on the step's task.
+    fn cuda_checkpoint_command(&self, step: &Step) -> Command {
+        let task = step.task.as_deref().unwrap_or_default();
+        let mut c = Command::new(&self.art.cuda_checkpoint);
+        c.args(&step.args)
+            .arg("--pid")
+            .arg(self.pids[task].to_string());
+        c
+    }
+
+    /// A real CRIU run, with the plugin options to pass in the environment.
+    fn criu_command(
+        &mut self,
+        criu: &Path,
+        i: usize,
+        step: &Step,
+        lib: &Path,
+        files: &StepFiles,
+    ) -> Result<(Command, &'static str, Option<String>), String> {
+        let verb = crate::scenario::name(step.action);
         let root = self.pids[&self.s.workload.tasks[0].name];
         let options = self.put.options(self.s, &step.options);
-        let verb = crate::scenario::name(step.action);
-        let mut c;
-        let label;
-        let mut env_options = None;
-        if step.action == Action::CudaCheckpoint {
-            let task = step.task.as_deref().unwrap_or_default();
-            c = Command::new(&self.art.cuda_checkpoint);
-            c.args(&step.args)
-                .arg("--pid")
-                .arg(self.pids[task].to_string());
-            label = "cuda-checkpoint";
-        } else if let Some(criu) = self.criu.clone() {
-            if step.action == Action::Restore {
-                self.wait_tree_gone()?;
-            }
-            std::fs::create_dir_all(&img).map_err(|e| e.to_string())?;
-            c = Command::new(&criu);
-            c.arg(verb);
-            if step.action != Action::Restore {
-                c.arg("-t").arg(root.to_string());
-            } else {
-                c.arg("-d");
-                // CRIU restores a mount namespace only onto a root it is given.
-                if self.s.workload.has(Namespace::Mount) {
-                    c.arg("--root").arg("/");
-                }
-                if self.s.workload.has(Namespace::Pid) {
-                    c.arg("--pidfile")
-                        .arg(self.dir.join(format!("step{i}.pid")));
-                }
-            }
-            c.arg("-D")
-                .arg(&img)
-                .arg("-L")
-                .arg(lib)
-                .arg("-v4")
-                .arg("-o")
-                .arg(&log);
-            if step.leave_running {
-                c.arg("--leave-running");
-            }
-            self.criu_step_args(&mut c, step)?;
-            if !options.is_empty() {
-                env_options = Some(options.join(" "));
-            }
-            label = "criu";
-        } else {
-            c = Command::new(&self.art.harness);
-            c.arg("--host").arg(&self.s.host.profile).arg(verb);
-            c.arg("-D")
-                .arg(&img)
-                .arg("-L")
-                .arg(lib)
-                .arg("-v4")
-                .arg("-o")
-                .arg(&log);
-            c.arg("--trace").arg(&trace);
-            if let Some(r) = &self.s.host.rules {
-                c.arg("--rules").arg(r);
-            }
-            if self.s.host.sentinel {
-                c.arg("--device-sentinel");
-            }
-            if step.action != Action::Restore {
-                c.arg("-t").arg(root.to_string());
-            }
-            if step.leave_running {
-                c.arg("--leave-running");
-            }
-            if step.stream {
-                c.arg("--stream");
-            }
-            self.criu_step_args(&mut c, step)?;
-            let native = self
-                .s
-                .host
-                .profile
-                .parse::<crate::profile::HostProfile>()
-                .is_ok_and(crate::profile::HostProfile::has_plugin_options);
-            if native {
-                for o in &options {
-                    c.arg("--plugin-option").arg(o);
-                }
-            } else if !options.is_empty() {
-                env_options = Some(options.join(" "));
-            }
-            label = "criu";
+        if step.action == Action::Restore {
+            self.wait_tree_gone()?;
         }
+        std::fs::create_dir_all(&files.img).map_err(|e| e.to_string())?;
+        let mut c = Command::new(criu);
+        c.arg(verb);
+        if step.action != Action::Restore {
+            c.arg("-t").arg(root.to_string());
+        } else {
+            c.arg("-d");
+            // CRIU restores a mount namespace only onto a root it is given.
+            if self.s.workload.has(Namespace::Mount) {
+                c.arg("--root").arg("/");
+            }
+            if self.s.workload.has(Namespace::Pid) {
+                c.arg("--pidfile")
+                    .arg(self.dir.join(format!("step{i}.pid")));
+            }
+        }
+        c.arg("-D")
+            .arg(&files.img)
+            .arg("-L")
+            .arg(lib)
+            .arg("-v4")
+            .arg("-o")
+            .arg(&files.log);
+        if step.leave_running {
+            c.arg("--leave-running");
+        }
+        self.criu_step_args(&mut c, step)?;
+        let env_options = (!options.is_empty()).then(|| options.join(" "));
+        Ok((c, "criu", env_options))
+    }
+
+    /// An emulated CRIU run (the `harness` engine), with the plugin options to pass in the
+    /// environment where the emulated host has no `--plugin-option`.
+    fn engine_command(
+        &self,
+        step: &Step,
+        lib: &Path,
+        files: &StepFiles,
+    ) -> Result<(Command, &'static str, Option<String>), String> {
+        let verb = crate::scenario::name(step.action);
+        let root = self.pids[&self.s.workload.tasks[0].name];
+        let options = self.put.options(self.s, &step.options);
+        let mut c = Command::new(&self.art.harness);
+        c.arg("--host").arg(&self.s.host.profile).arg(verb);
+        c.arg("-D")
+            .arg(&files.img)
+            .arg("-L")
+            .arg(lib)
+            .arg("-v4")
+            .arg("-o")
+            .arg(&files.log);
+        c.arg("--trace").arg(&files.trace);
+        if let Some(r) = &self.s.host.rules {
+            c.arg("--rules").arg(r);
+        }
+        if self.s.host.sentinel {
+            c.arg("--device-sentinel");
+        }
+        if step.action != Action::Restore {
+            c.arg("-t").arg(root.to_string());
+        }
+        if step.leave_running {
+            c.arg("--leave-running");
+        }
+        if step.stream {
+            c.arg("--stream");
+        }
+        self.criu_step_args(&mut c, step)?;
+        let native = self
+            .s
+            .host
+            .profile
+            .parse::<crate::profile::HostProfile>()
+            .is_ok_and(crate::profile::HostProfile::has_plugin_options);
+        let mut env_options = None;
+        if native {
+            for o in &options {
+                c.arg("--plugin-option").arg(o);
+            }
+        } else if !options.is_empty() {
+            env_options = Some(options.join(" "));
+        }
+        Ok((c, "criu", env_options))
+    }
+
+    /// The step process's environment: the world's, the modelled host memory, the step's own,
+    /// the test plugins' log, the plugin options and the plugin's enable variables.
+    fn step_env(
+        &self,
+        c: &mut Command,
+        step: &Step,
+        files: &StepFiles,
+        env_options: Option<String>,
+    ) {
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
         // The plugin sizes the host by MemAvailable; it sees the world's modelled host instead
         // of this machine: `[host] memory_gib`, else a host of 1 TiB (the world's host memory
@@ -337,7 +382,7 @@ impl Exec<'_> {
             self.world_host_memory_gib().unwrap_or(1024).to_string(),
         );
         c.envs(&step.env);
-        c.env("TP_LOG", &tp_log);
+        c.env("TP_LOG", &files.tp_log);
         c.env_remove("CRIU_LIBS_DIR").env_remove("CRIU_FAULT");
         match env_options {
             Some(o) => c.env("CRIU_PLUGIN_OPTIONS", o),
@@ -350,15 +395,22 @@ impl Exec<'_> {
                 c.env_remove(k);
             }
         }
-        // The CUDA tasks already checkpointed before a dump (by the user, not by the dump).
-        let before = if step.action == Action::Dump {
-            self.checkpointed_tasks()?
-        } else {
-            Vec::new()
-        };
+    }
+
+    /// Runs the step process under the watchdog, follows a restored pid namespace and waits
+    /// for the plugin's guardians.
+    fn run_step(
+        &mut self,
+        c: &mut Command,
+        label: &'static str,
+        i: usize,
+        step: &Step,
+        files: &StepFiles,
+    ) -> Result<Ran, String> {
+        let verb = crate::scenario::name(step.action);
         let started = Instant::now();
         let limit = step_limit(step);
-        let (status, stdout, stderr) = run_bounded(&mut c, limit, |pid| {
+        let (status, stdout, stderr) = run_bounded(c, limit, |pid| {
             self.procs.insert(pid, label);
         })
         .map_err(|e| format!("step {i} ({verb}): {e}"))?;
@@ -367,7 +419,7 @@ impl Exec<'_> {
                 "step {i} ({verb}) did not finish within {} s\nkilled it and its process group \
                  (log: {})",
                 limit.as_secs(),
-                log.display()
+                files.log.display()
             )
         })?;
         let took = started.elapsed();
@@ -383,7 +435,7 @@ impl Exec<'_> {
         if restored_ns && got == Outcome::Ok {
             self.follow_restored_tree(&self.dir.join(format!("step{i}.pid")))?;
         }
-        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        let log_text = std::fs::read_to_string(&files.log).unwrap_or_default();
         // The plugin's helper process runs its driver calls: name it in the driver's trace.
         // It outlives CRIU by design (it puts back the tasks of a CRIU that died, or that
         // resumed them checkpointed): the step ends when it has exited too.
@@ -392,7 +444,23 @@ impl Exec<'_> {
             wait_gone(pid, GUARDIAN_LIMIT)
                 .map_err(|e| format!("step {i} ({verb}): the plugin's guardian {e}"))?;
         }
-        // The engine's trace and the driver's trace of this step.
+        Ok(Ran {
+            status,
+            stdout,
+            stderr,
+            took,
+            got,
+            log_text,
+            backend: None,
+        })
+    }
+
+    /// Appends the step's transcript: its heading, the engine's trace, the driver's trace, the
+    /// plugin's log lines, the test plugins' log and a `cuda-checkpoint` run's output. Notes
+    /// the backend the plugin chose in `ran`.
+    fn record_step(&mut self, i: usize, step: &Step, ran: &mut Ran, files: &StepFiles) {
+        let verb = crate::scenario::name(step.action);
+        let got = ran.got;
         let _ = writeln!(
             self.transcript,
             "== step {i}: {verb}{}{} -> {}",
@@ -409,7 +477,7 @@ impl Exec<'_> {
         );
         let driver = self.take_driver_trace();
         self.refresh_tids();
-        let engine_trace = std::fs::read_to_string(&trace).unwrap_or_default();
+        let engine_trace = std::fs::read_to_string(&files.trace).unwrap_or_default();
         if !engine_trace.is_empty() {
             self.transcript.push_str("-- engine\n");
             for l in engine_trace.lines() {
@@ -422,7 +490,8 @@ impl Exec<'_> {
                 let _ = writeln!(self.transcript, "{l}");
             }
         }
-        let plugin_lines: Vec<String> = log_text
+        let plugin_lines: Vec<String> = ran
+            .log_text
             .lines()
             .filter_map(|l| l.find("cuda_plugin: ").map(|at| &l[at..]))
             .map(|l| self.normalise(l))
@@ -433,7 +502,7 @@ impl Exec<'_> {
                 let _ = writeln!(self.transcript, "{l}");
             }
         }
-        let tp = std::fs::read_to_string(&tp_log).unwrap_or_default();
+        let tp = std::fs::read_to_string(&files.tp_log).unwrap_or_default();
         if !tp.is_empty() {
             self.transcript.push_str("-- test plugins\n");
             for l in tp.lines() {
@@ -444,20 +513,44 @@ impl Exec<'_> {
             let _ = writeln!(
                 self.transcript,
                 "-- output\n{}",
-                self.normalise(stdout.trim_end())
+                self.normalise(ran.stdout.trim_end())
             );
         }
-        let backend = plugin_lines.iter().find_map(|l| {
+        ran.backend = plugin_lines.iter().find_map(|l| {
             let rest = l.strip_prefix("cuda_plugin: backend ")?;
             Some(rest.split_whitespace().next()?.to_owned())
         });
-        if let Some(b) = &backend {
+        if let Some(b) = &ran.backend {
             self.backends.push(b.clone());
         }
+    }
+
+    /// Checks what the step must do: end within its bound, with its outcome, leave the
+    /// inventory a dump implies, and (this project's plugin only) log what it must and pick
+    /// the backend it must.
+    fn check_step(
+        &self,
+        i: usize,
+        step: &Step,
+        ran: &Ran,
+        files: &StepFiles,
+        before: &[String],
+    ) -> Result<(), String> {
+        let verb = crate::scenario::name(step.action);
+        let Ran {
+            status,
+            stdout,
+            stderr,
+            took,
+            got,
+            log_text,
+            backend,
+        } = ran;
+        let got = *got;
         let context = || {
             format!(
                 "\n--- stderr:\n{stderr}\n--- log ({}):\n{log_text}",
-                log.display()
+                files.log.display()
             )
         };
         if let Some(w) = step.within {
@@ -481,7 +574,7 @@ impl Exec<'_> {
             ));
         }
         if step.action == Action::Dump && got == Outcome::Ok && !step.leave_running {
-            self.check_inventory(i, verb, &before)?;
+            self.check_inventory(i, verb, before)?;
         }
         if !self.put.ours {
             // The log lines and the backend line are this project's plugin's.
@@ -679,6 +772,42 @@ pub(crate) fn wait_gone(pid: i32, limit: Duration) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The files of step `i` in the scenario's directory.
+struct StepFiles {
+    /// The image directory.
+    img: PathBuf,
+    /// CRIU's (or the engine's) log.
+    log: PathBuf,
+    /// The engine's hook trace.
+    trace: PathBuf,
+    /// The test plugins' log.
+    tp_log: PathBuf,
+}
+
+impl StepFiles {
+    fn new(dir: &Path, i: usize) -> Self {
+        Self {
+            img: dir.join("img"),
+            log: dir.join(format!("step{i}.log")),
+            trace: dir.join(format!("step{i}.trace")),
+            tp_log: dir.join(format!("step{i}.tp")),
+        }
+    }
+}
+
+/// How a step process ended.
+struct Ran {
+    status: std::process::ExitStatus,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+    got: Outcome,
+    /// CRIU's (or the engine's) log.
+    log_text: String,
+    /// The backend the plugin logged it chose, once the transcript is recorded.
+    backend: Option<String>,
 }
 
 #[cfg(test)]
