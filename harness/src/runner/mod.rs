@@ -14,9 +14,9 @@
 //! left out) and the plugin log lines, with pids replaced by task names (`root`,
 //! `root.restore` for a restore thread, `criu`, `cuda-checkpoint`), paths and durations removed.
 //!
-//! Modules: [`artifacts`] (locating built artifacts), `world` (the mock world and the workload
+//! Modules: `artifacts` (locating built artifacts), `world` (the mock world and the workload
 //! tree), `step` (step execution), `normalise` (the transcript redactor), `checks` (end-state
-//! checks and cleanup), [`corpus`] (the corpus walk) and [`pool`] (the worker pool the sweep
+//! checks and cleanup), `corpus` (the corpus walk) and [`pool`] (the worker pool the sweep
 //! shares).
 
 use crate::procfs::{comm, field, parked, state, thread_count, world_processes};
