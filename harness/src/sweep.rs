@@ -44,7 +44,6 @@ use std::fmt::Write as _;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -1527,30 +1526,7 @@ pub fn run_all(
     jobs: usize,
     progress: &(dyn Fn(&CaseResult) + Sync),
 ) -> Vec<CaseResult> {
-    let queue: Arc<Mutex<Vec<(usize, Case)>>> = Arc::new(Mutex::new(
-        cases.iter().copied().enumerate().rev().collect(),
-    ));
-    let results: Arc<Mutex<Vec<(usize, CaseResult)>>> = Arc::new(Mutex::new(Vec::new()));
-    std::thread::scope(|sc| {
-        for _ in 0..jobs.max(1) {
-            let queue = Arc::clone(&queue);
-            let results = Arc::clone(&results);
-            sc.spawn(move || loop {
-                let next = queue.lock().map(|mut q| q.pop()).ok().flatten();
-                let Some((i, c)) = next else { break };
-                let r = run_case(&c, art);
-                progress(&r);
-                if let Ok(mut v) = results.lock() {
-                    v.push((i, r));
-                }
-            });
-        }
-    });
-    let mut v = Arc::try_unwrap(results)
-        .map(|m| m.into_inner().unwrap_or_default())
-        .unwrap_or_default();
-    v.sort_by_key(|(i, _)| *i);
-    v.into_iter().map(|(_, r)| r).collect()
+    crate::runner::pool::run(cases.to_vec(), jobs, |c| run_case(&c, art), progress)
 }
 
 /// The check column: `ok`, `xfail: why`, or `VIOLATION: ...`.

@@ -20,6 +20,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
+use clap::Parser;
 use std::path::PathBuf;
 
 use harness::kit::{self, PluginUnderTest};
@@ -54,85 +55,87 @@ fn main() -> ExitCode {
     }
 }
 
-const RUN_USAGE: &str = "\
-usage: harness run [-j N] [--junit FILE] [PLUGIN OPTIONS] [SCENARIO_FILE_OR_DIR...]
-
-Runs the scenario corpus (default: scenarios/) and prints one line per scenario.
-
-  -j N                  scenarios at a time (default 2)
-  --junit FILE          also write JUnit XML: one test suite per scenario, one test case per step
-
-The CUDA plugin under test (default: this project's, with every capability it has):
-  --plugin PATH         another plugin's .so; outcomes (exit status, task and CUDA states, GPU
-                        data, nothing left behind, bounded time) are checked, this project's log
-                        lines and snapshots are not; scenarios that do not load the CUDA plugin
-                        are not applicable
-  --plugin-env VAR=VAL  what enables it without a GPU, repeatable (default for --plugin:
-                        CRIU_FAULT=138, CRIU's FI_PLUGIN_CUDA_FORCE_ENABLE; `none`: nothing)
-  --plugin-name NAME    its name in the inventory and its options' namespace (default: its
-                        descriptor's name)
-  --plugin-caps LIST    what it can do beyond lock/checkpoint/restore/unlock through
-                        cuda-checkpoint, comma-separated, or `all` (default for --plugin: none):
-                        plugin-options, driver-api, device-map, call-timeout, restore-as-dumped,
-                        custom-storage, parallel; a scenario needing one it lacks is reported
-                        as not applicable, with the reason
-  --backend B           give scenarios that pin no backend `cuda_plugin.backend=B` first (only
-                        for a plugin with plugin-options); those that pin another are not
-                        applicable
-  --plugin-label TEXT   how the summary names it
-";
+/// `harness run`: runs the scenario corpus.
+#[derive(Debug, Parser)]
+#[command(
+    name = "harness run",
+    about = "Runs the scenario corpus (default: scenarios/) and prints one line per scenario.",
+    after_help = "The CUDA plugin under test defaults to this project's, with every capability it has."
+)]
+struct RunArgs {
+    /// Scenarios at a time.
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = 2)]
+    jobs: usize,
+    /// Also write JUnit XML: one test suite per scenario, one test case per step.
+    #[arg(long, value_name = "FILE")]
+    junit: Option<PathBuf>,
+    /// Another plugin's .so; outcomes (exit status, task and CUDA states, GPU data, nothing
+    /// left behind, bounded time) are checked, this project's log lines and snapshots are not;
+    /// scenarios that do not load the CUDA plugin are not applicable.
+    #[arg(long, value_name = "PATH")]
+    plugin: Option<PathBuf>,
+    /// What enables it without a GPU, repeatable (default for --plugin: CRIU_FAULT=138, CRIU's
+    /// FI_PLUGIN_CUDA_FORCE_ENABLE; `none`: nothing).
+    #[arg(long = "plugin-env", value_name = "VAR=VAL")]
+    plugin_env: Vec<String>,
+    /// Its name in the inventory and its options' namespace (default: its descriptor's name).
+    #[arg(long = "plugin-name", value_name = "NAME")]
+    plugin_name: Option<String>,
+    /// What it can do beyond lock/checkpoint/restore/unlock through cuda-checkpoint,
+    /// comma-separated, or `all` (default for --plugin: none): plugin-options, driver-api,
+    /// device-map, call-timeout, restore-as-dumped, custom-storage, parallel; a scenario
+    /// needing one it lacks is reported as not applicable, with the reason.
+    #[arg(long = "plugin-caps", value_name = "LIST")]
+    plugin_caps: Option<String>,
+    /// Give scenarios that pin no backend `cuda_plugin.backend=B` first (only for a plugin with
+    /// plugin-options); those that pin another are not applicable.
+    #[arg(long, value_name = "B")]
+    backend: Option<String>,
+    /// How the summary names it.
+    #[arg(long = "plugin-label", value_name = "TEXT")]
+    plugin_label: Option<String>,
+    /// Scenario files or directories (default: scenarios/).
+    #[arg(value_name = "SCENARIO_FILE_OR_DIR")]
+    paths: Vec<PathBuf>,
+}
 
 /// `harness run [-j N] [--junit FILE] [plugin options] PATH...`: runs the scenario corpus.
 fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
-    let mut jobs = 2;
-    let mut paths = Vec::new();
-    let mut junit: Option<PathBuf> = None;
-    let mut plugin: Option<PathBuf> = None;
-    let mut env: Option<Vec<(String, String)>> = None;
-    let mut name: Option<String> = None;
-    let mut caps: Option<std::collections::BTreeSet<Capability>> = None;
-    let mut backend: Option<String> = None;
-    let mut label: Option<String> = None;
-    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
-    while let Some(a) = it.next() {
-        let mut value = |what: &str| it.next().with_context(|| format!("{a} needs {what}"));
-        match a.as_str() {
-            "-j" | "--jobs" => jobs = value("a number")?.parse()?,
-            "--junit" => junit = Some(PathBuf::from(value("a file")?)),
-            "--plugin" => plugin = Some(PathBuf::from(value("a .so")?)),
-            "--plugin-env" => {
-                let v = value("VAR=VALUE")?;
-                let list = env.get_or_insert_with(Vec::new);
-                if v != "none" {
-                    let (k, val) = v
-                        .split_once('=')
-                        .with_context(|| format!("--plugin-env {v}: expected VAR=VALUE"))?;
-                    list.push((k.to_owned(), val.to_owned()));
-                }
-            }
-            "--plugin-name" => name = Some(value("a name")?),
-            "--plugin-caps" => {
-                let v = value("a list")?;
-                caps = Some(if v == "all" {
-                    Capability::ALL.into_iter().collect()
-                } else {
-                    v.split(',')
-                        .filter(|c| !c.is_empty() && *c != "none")
-                        .map(|c| c.parse::<Capability>().map_err(anyhow::Error::msg))
-                        .collect::<Result<_>>()?
-                });
-            }
-            "--backend" => backend = Some(value("driver-api or cuda-checkpoint")?),
-            "--plugin-label" => label = Some(value("a label")?),
-            "-h" | "--help" => {
-                print!("{RUN_USAGE}");
-                return Ok(ExitCode::SUCCESS);
-            }
-            s if s.starts_with("-j") => jobs = s[2..].parse()?,
-            s if s.starts_with('-') => bail!("harness run: unknown option `{s}` (see --help)"),
-            _ => paths.push(PathBuf::from(a)),
+    let RunArgs {
+        jobs,
+        junit,
+        plugin,
+        plugin_env,
+        plugin_name: name,
+        plugin_caps,
+        backend,
+        plugin_label: label,
+        mut paths,
+    } = RunArgs::parse_from(
+        std::iter::once(OsString::from("harness run")).chain(args.iter().cloned()),
+    );
+    let env: Option<Vec<(String, String)>> = if plugin_env.is_empty() {
+        None
+    } else {
+        let mut list = Vec::new();
+        for v in plugin_env.iter().filter(|v| *v != "none") {
+            let (k, val) = v
+                .split_once('=')
+                .with_context(|| format!("--plugin-env {v}: expected VAR=VALUE"))?;
+            list.push((k.to_owned(), val.to_owned()));
         }
-    }
+        Some(list)
+    };
+    let caps: Option<std::collections::BTreeSet<Capability>> = match plugin_caps {
+        None => None,
+        Some(v) if v == "all" => Some(Capability::ALL.into_iter().collect()),
+        Some(v) => Some(
+            v.split(',')
+                .filter(|c| !c.is_empty() && *c != "none")
+                .map(|c| c.parse::<Capability>().map_err(anyhow::Error::msg))
+                .collect::<Result<_>>()?,
+        ),
+    };
     if paths.is_empty() {
         paths.push(PathBuf::from("scenarios"));
     }
@@ -303,27 +306,38 @@ fn artifacts_as_subreaper() -> Result<runner::Artifacts> {
     Ok(art)
 }
 
+/// `harness sweep`: the fault sweep.
+#[derive(Debug, Parser)]
+#[command(
+    name = "harness sweep",
+    about = "Runs the fault sweep (faults at each driver call, phase and task) and prints its table: call, fault, phase, task, host, tree, outcome, check."
+)]
+struct SweepArgs {
+    /// Add the slow faults (delays and hangs) everywhere.
+    #[arg(long)]
+    full: bool,
+    /// Cases at a time.
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = 2)]
+    jobs: usize,
+    /// Only the cases whose key (`call|fault|phase|task|host|tree|mode`) contains FILTER.
+    #[arg(long, value_name = "FILTER")]
+    only: Option<String>,
+    /// Also write the table to FILE.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
 /// `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]`: the fault sweep.
 fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
     use harness::sweep;
-    let mut jobs = 2;
-    let mut full = false;
-    let mut only: Option<String> = None;
-    let mut out: Option<PathBuf> = None;
-    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--full" => full = true,
-            "-j" | "--jobs" => jobs = it.next().context("-j needs a number")?.parse()?,
-            "--only" => only = Some(it.next().context("--only needs a filter")?),
-            "--out" => out = Some(PathBuf::from(it.next().context("--out needs a file")?)),
-            "-h" | "--help" => {
-                println!("usage: harness sweep [--full] [-j N] [--only FILTER] [--out FILE]");
-                return Ok(ExitCode::SUCCESS);
-            }
-            other => bail!("harness sweep: unknown argument `{other}`"),
-        }
-    }
+    let SweepArgs {
+        full,
+        jobs,
+        only,
+        out,
+    } = SweepArgs::parse_from(
+        std::iter::once(OsString::from("harness sweep")).chain(args.iter().cloned()),
+    );
     let art = artifacts_as_subreaper()?;
     let mut cases = sweep::cases(full);
     if let Some(f) = &only {

@@ -1,0 +1,167 @@
+//! Locating the built executables and libraries a scenario needs (building them when stale).
+
+use super::*;
+
+/// Where the executables and libraries a scenario needs live.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    /// The `harness` front-end.
+    pub harness: PathBuf,
+    /// `cuda_plugin.so` (built as `libcuda_plugin.so`).
+    pub plugin: PathBuf,
+    /// `libmock_libcuda.so`.
+    pub mock_lib: PathBuf,
+    /// `libmock_nvml.so` (the NVML stand-in `mock-world` installs).
+    pub mock_nvml: PathBuf,
+    /// `mock-world`.
+    pub mock_world: PathBuf,
+    /// `mock-cuda-app`.
+    pub mock_app: PathBuf,
+    /// `cuda-checkpoint` (the fake).
+    pub cuda_checkpoint: PathBuf,
+    /// The workspace root (test plugin sources, CRIU wrappers).
+    pub workspace: PathBuf,
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).ok()?.modified().ok()
+}
+
+/// The newer of `<profile>/<name>` and `<profile>/deps/<name>` (`cargo test` refreshes `deps/`
+/// only).
+fn newest_lib(profile: &Path, name: &str) -> PathBuf {
+    let a = profile.join(name);
+    let b = profile.join("deps").join(name);
+    match (mtime(&a), mtime(&b)) {
+        (Some(x), Some(y)) if x > y => a,
+        (Some(_), None) => a,
+        _ => b,
+    }
+}
+
+impl Artifacts {
+    /// The artifacts of the target profile directory `profile` (e.g. `target/debug`), with the
+    /// `harness` front-end `harness`. When one is missing, `$CARGO build` (or `cargo`) builds the
+    /// packages that provide them, once per process.
+    ///
+    /// # Errors
+    /// A build that fails or an artifact still missing after it.
+    pub fn locate(profile: &Path, harness: &Path) -> Result<Self, String> {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let make = || Self {
+            harness: harness.to_path_buf(),
+            plugin: newest_lib(profile, "libcuda_plugin.so"),
+            mock_lib: newest_lib(profile, "libmock_libcuda.so"),
+            mock_nvml: newest_lib(profile, "libmock_nvml.so"),
+            mock_world: profile.join("mock-world"),
+            mock_app: profile.join("mock-cuda-app"),
+            cuda_checkpoint: profile.join("cuda-checkpoint"),
+            workspace: workspace.clone(),
+        };
+        let a = make();
+        if a.missing().is_none() {
+            return Ok(a);
+        }
+        static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+        BUILT.get_or_init(|| build(profile, &workspace)).clone()?;
+        let a = make();
+        match a.missing() {
+            None => Ok(a),
+            Some(p) => Err(format!("{} is missing after the build", p.display())),
+        }
+    }
+
+    fn missing(&self) -> Option<&Path> {
+        [
+            &self.harness,
+            &self.plugin,
+            &self.mock_lib,
+            &self.mock_nvml,
+            &self.mock_world,
+            &self.mock_app,
+            &self.cuda_checkpoint,
+        ]
+        .into_iter()
+        .find(|p| !p.exists())
+        .map(PathBuf::as_path)
+    }
+}
+
+fn build(profile: &Path, workspace: &Path) -> Result<(), String> {
+    let target = profile.parent().ok_or("no target directory")?;
+    let name = profile
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("odd profile directory")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut c = Command::new(&cargo);
+    c.arg("build")
+        .arg("--manifest-path")
+        .arg(workspace.join("Cargo.toml"))
+        .args([
+            "-p",
+            "cuda-plugin",
+            "-p",
+            "mock-libcuda",
+            "-p",
+            "mock-nvml",
+            "-p",
+            "fake-cuda-checkpoint",
+        ])
+        .args(["-p", "harness", "--lib", "--bins"])
+        .env("CARGO_TARGET_DIR", target);
+    match name {
+        "debug" => {}
+        "release" => {
+            c.arg("--release");
+        }
+        other => {
+            c.args(["--profile", other]);
+        }
+    }
+    let out = c.output().map_err(|e| format!("running {cargo:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{c:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+/// A real CRIU for `profile` (`4.1`, `4.2`): `$CRIU_CUDA_CRIU_4_1`/`_4_2`, else the wrapper
+/// listed in `target/criu/versions` (`$CRIU_CUDA_CRIU_VERSIONS`), else `criu` in `PATH` when its
+/// version matches.
+#[must_use]
+pub fn find_criu(profile: &str, workspace: &Path) -> Option<PathBuf> {
+    let var = format!("CRIU_CUDA_CRIU_{}", profile.replace('.', "_"));
+    if let Some(p) = std::env::var_os(&var).map(PathBuf::from) {
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    let versions = std::env::var_os("CRIU_CUDA_CRIU_VERSIONS")
+        .map_or_else(|| workspace.join("target/criu/versions"), PathBuf::from);
+    if let Ok(text) = std::fs::read_to_string(versions) {
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(v), Some(p)) = (it.next(), it.next()) {
+                if (v == profile || v.starts_with(&format!("{profile}."))) && Path::new(p).exists()
+                {
+                    return Some(PathBuf::from(p));
+                }
+            }
+        }
+    }
+    let out = Command::new("criu").arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Version:"))?
+        .trim();
+    (v == profile || v.starts_with(&format!("{profile}."))).then(|| PathBuf::from("criu"))
+}

@@ -1,0 +1,399 @@
+//! The transcript redactor: pids and tids to task names, paths and durations removed, the
+//! driver trace put in an order that does not depend on scheduling.
+
+use super::*;
+
+impl Exec<'_> {
+    /// New lines of the world's trace, without the workload's own calls, normalised.
+    pub(super) fn take_driver_trace(&mut self) -> Vec<String> {
+        let Some(w) = &self.world else {
+            return Vec::new();
+        };
+        let text = std::fs::read_to_string(w.join("trace.log")).unwrap_or_default();
+        let new = text.get(self.trace_offset..).unwrap_or("").to_owned();
+        self.trace_offset = text.len();
+        let tasks: BTreeSet<i32> = self.pids.values().copied().collect();
+        // Calls made by others than the workload's tasks, as (caller, call). A caller in
+        // another pid namespace than the world's host is `<nspid>@pid:[<inode>]`: a task when
+        // the runner knows it, else someone else (-1).
+        let calls: Vec<(i32, &str)> = new
+            .lines()
+            .filter_map(|l| {
+                let (caller, call) = l.split_once(' ')?;
+                match caller.parse::<i32>() {
+                    Ok(pid) => Some((pid, call)),
+                    Err(_) => {
+                        let (nspid, ns) = caller.split_once("@pid:[")?;
+                        let key = (ns.strip_suffix(']')?.parse().ok()?, nspid.parse().ok()?);
+                        let task = self.ns_names.get(&key).and_then(|n| self.pids.get(n));
+                        Some((task.copied().unwrap_or(-1), call))
+                    }
+                }
+            })
+            .filter(|(caller, _)| !tasks.contains(caller))
+            .collect();
+        // A process is a `cuda-checkpoint` run if any of its lines says so, also its earlier ones.
+        for (caller, call) in &calls {
+            if call.starts_with("cuda-checkpoint(") {
+                self.cli_pids.insert(*caller);
+            }
+        }
+        let lines: Vec<(i32, String)> = calls
+            .iter()
+            .map(|(pid, call)| {
+                let who = match self.procs.get(pid) {
+                    Some(l) => *l,
+                    None if self.cli_pids.contains(pid) => "cuda-checkpoint",
+                    None => "other",
+                };
+                (*pid, format!("{who} {}", self.normalise(call)))
+            })
+            .collect();
+        if self.parallel_mode() {
+            order_concurrent(lines, &self.cli_pids)
+        } else {
+            lines.into_iter().map(|(_, l)| l).collect()
+        }
+    }
+
+    /// Whether the scenario runs the plugin's parallel mode (`cuda_plugin.parallel=` other
+    /// than 1), whose concurrent driver calls and `cuda-checkpoint` runs land in the trace in
+    /// any order (see [`order_concurrent`]).
+    fn parallel_mode(&self) -> bool {
+        self.s.options.iter().any(|o| {
+            o.trim_start_matches('-')
+                .strip_prefix("cuda_plugin.parallel=")
+                .is_some_and(|v| v != "1")
+        })
+    }
+
+    /// Pids and tids to task names, paths and durations removed.
+    pub(super) fn normalise(&self, line: &str) -> String {
+        let mut s = line.to_owned();
+        for (path, label) in [
+            (self.dir.display().to_string(), "<tmp>"),
+            (self.art.workspace.display().to_string(), "<workspace>"),
+        ] {
+            if !path.is_empty() {
+                s = s.replace(&path, label);
+            }
+        }
+        for p in [
+            &self.art.cuda_checkpoint,
+            &self.art.plugin,
+            &self.art.mock_lib,
+        ] {
+            if let Some(parent) = p.parent() {
+                s = s.replace(&parent.display().to_string(), "<target>");
+            }
+        }
+        let chars: Vec<char> = s.chars().collect();
+        let mut out = String::with_capacity(s.len());
+        let mut i = 0;
+        while i < chars.len() {
+            let c = chars[i];
+            if !c.is_ascii_digit() {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < chars.len() && chars[j].is_ascii_digit() {
+                j += 1;
+            }
+            let mut k = j;
+            // A decimal with a time unit: a duration.
+            if k + 1 < chars.len() && chars[k] == '.' && chars[k + 1].is_ascii_digit() {
+                k += 1;
+                while k < chars.len() && chars[k].is_ascii_digit() {
+                    k += 1;
+                }
+            }
+            let rest: String = chars[k..].iter().take(4).collect();
+            let unit = ["ms", " ms", "s", " s", "µs", " µs"].iter().find(|u| {
+                rest.starts_with(*u)
+                    && !rest[u.len()..]
+                        .chars()
+                        .next()
+                        .is_some_and(char::is_alphanumeric)
+            });
+            let num: String = chars[i..j].iter().collect();
+            let prev = i.checked_sub(1).map(|p| chars[p]);
+            // Part of a word, a version or a UUID; `cuda-plugin-<pid>.img` is a pid.
+            let hyphen_after_hex = prev == Some('-') && i >= 2 && chars[i - 2].is_ascii_hexdigit();
+            // The integer part of a decimal (`1024.0 GiB`) is never a pid either.
+            let decimal =
+                chars.get(j) == Some(&'.') && chars.get(j + 1).is_some_and(char::is_ascii_digit);
+            let glued = prev.is_some_and(|p| p.is_alphanumeric() || p == '.')
+                || hyphen_after_hex
+                || decimal
+                || chars
+                    .get(j)
+                    .is_some_and(|n| n.is_alphanumeric() || *n == '-');
+            let before: String = chars[..i]
+                .iter()
+                .rev()
+                .take(16)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let lock_timeout = before.ends_with("timeoutMs=") || before.ends_with("--timeout ");
+            // Values that are never pids, whatever pid the number happens to equal (pids wrap
+            // at 32768 here: a version, a size or a status can be some step's pid).
+            let after: String = chars[k..].iter().take(9).collect();
+            let value = never_a_pid(&before, &after);
+            if k > j && unit.is_some() {
+                out.push_str("N.N");
+                i = k;
+            } else if k == j && (unit == Some(&" ms") || unit == Some(&"ms")) {
+                // Whole milliseconds (what is left of CRIU's freeze alarm, say): timing.
+                out.push('N');
+                i = j;
+            } else if let (true, None | Some(&"ms" | &" ms"), Ok(ms)) =
+                (lock_timeout, unit, num.parse::<u64>())
+            {
+                // A lock timeout the freeze alarm shortened depends on timing (how long the
+                // freeze and the earlier locks took): keep the configured ones, name the rest.
+                if self.lock_timeouts.contains(&ms) {
+                    out.push_str(&num);
+                } else {
+                    out.push_str("<alarm>");
+                }
+                i = j;
+            } else if value {
+                out.push_str(&chars[i..k].iter().collect::<String>());
+                i = k;
+            } else if let (false, Some(name)) = (glued, self.names.get(&num)) {
+                out.push_str(name);
+                i = j;
+            } else if !glued && self.cli_pids.contains(&num.parse().unwrap_or(-1)) {
+                out.push_str("cuda-checkpoint");
+                i = j;
+            } else if let (false, Some(label)) = (glued, self.procs.get(&num.parse().unwrap_or(-1)))
+            {
+                out.push_str(label);
+                i = j;
+            } else {
+                out.push_str(&chars[i..k].iter().collect::<String>());
+                i = k;
+            }
+        }
+        out
+    }
+}
+
+/// Whether a number between `before` and `after` (the text around it) is a value that is never
+/// a pid: a driver version, a size, an exit status, a hook count.
+fn never_a_pid(before: &str, after: &str) -> bool {
+    [
+        "libcuda.so.1 ",
+        "version ",
+        "status ",
+        "exit=",
+        "exceeds ",
+        "FAULT=",
+        "max_hooks ",
+    ]
+    .iter()
+    .any(|p| before.ends_with(p))
+        || [" bytes", " MiB", " hooks", " or later", " time(s)"]
+            .iter()
+            .any(|x| after.starts_with(x))
+}
+
+/// The lock timeouts (ms) a scenario configures: `cuda_plugin.timeout=S` options, CRIU's
+/// `--timeout` (the plugin's default, 10 s unless a step sets it) and `--timeout MS` arguments
+/// of `cuda-checkpoint` steps.
+pub(super) fn known_lock_timeouts(s: &Scenario) -> BTreeSet<u64> {
+    let mut out = BTreeSet::from([0, 10_000]);
+    let opts = s
+        .options
+        .iter()
+        .chain(s.steps.iter().flat_map(|st| &st.options));
+    for o in opts {
+        if let Some(v) = o.strip_prefix("cuda_plugin.timeout=") {
+            if let Ok(secs) = v.parse::<u64>() {
+                out.insert(secs * 1000);
+            }
+        }
+    }
+    for st in &s.steps {
+        if let Some(t) = st.criu_timeout {
+            out.insert(u64::from(t) * 1000);
+        }
+        for w in st.args.windows(2) {
+            if w[0] == "--timeout" {
+                if let Ok(ms) = w[1].parse::<u64>() {
+                    out.insert(ms);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Puts a parallel-mode driver trace in an order that does not depend on scheduling. Each
+/// `cuda-checkpoint` run's lines (`cli` names those processes; an unnamed `other` caller is
+/// taken for a run that never finished) become one block, placed where its first line was;
+/// any other line is a block of its own. Then every run of consecutive
+/// blocks of one kind (the utility's action, or the called function, with the caller) is
+/// sorted by its text: calls that ran side by side are listed by task name, while the order
+/// of the batch's phases (all checkpoints, then the rollback; all restores, then all unlocks)
+/// is kept.
+fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<String> {
+    let mut blocks: Vec<Vec<String>> = Vec::new();
+    let mut at: BTreeMap<i32, usize> = BTreeMap::new();
+    for (pid, line) in lines {
+        // A utility run that never got to its own line is not known as one: `other`.
+        if cli.contains(&pid) || line.starts_with("other ") {
+            if let Some(&b) = at.get(&pid) {
+                blocks[b].push(line);
+                continue;
+            }
+            at.insert(pid, blocks.len());
+        }
+        blocks.push(vec![line]);
+    }
+    // A utility run without its closing `cuda-checkpoint(...)` line (killed on timeout, or
+    // its target killed) has no kind of its own: it belongs with its neighbours.
+    let kind_of = |b: &[String]| -> Option<String> {
+        let head = match b.iter().find(|l| l.contains(" cuda-checkpoint(")) {
+            Some(h) => h,
+            None if b.len() > 1
+                || b[0].starts_with("cuda-checkpoint ")
+                || b[0].starts_with("other ") =>
+            {
+                return None
+            }
+            None => &b[0],
+        };
+        let (who, call) = head.split_once(' ').unwrap_or((head, ""));
+        let what = match call.strip_prefix("cuda-checkpoint(") {
+            Some(args) => args
+                .split_whitespace()
+                .take_while(|a| *a != "--pid")
+                .collect::<Vec<_>>()
+                .join(" "),
+            None => call.split('(').next().unwrap_or(call).to_owned(),
+        };
+        Some(format!("{who} {what}"))
+    };
+    let mut kinds: Vec<Option<String>> = blocks.iter().map(|b| kind_of(b)).collect();
+    for i in 1..kinds.len() {
+        if kinds[i].is_none() {
+            kinds[i] = kinds[i - 1].clone();
+        }
+    }
+    for i in (0..kinds.len().saturating_sub(1)).rev() {
+        if kinds[i].is_none() {
+            kinds[i] = kinds[i + 1].clone();
+        }
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < blocks.len() {
+        let k = &kinds[i];
+        let mut j = i + 1;
+        while j < blocks.len() && kinds[j] == *k {
+            j += 1;
+        }
+        let mut run: Vec<Vec<String>> = blocks[i..j].to_vec();
+        run.sort();
+        out.extend(run.into_iter().flatten());
+        i = j;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_calls_are_listed_by_task_in_phase_order() {
+        let l = |p: i32, s: &str| (p, s.to_owned());
+        let cli: BTreeSet<i32> = [10, 11, 12].into_iter().collect();
+        // Two utility runs interleaved (12's handshake first), then a guardian's calls.
+        let got = order_concurrent(
+            vec![
+                l(12, "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS"),
+                l(11, "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS"),
+                l(
+                    11,
+                    "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g1) = CUDA_SUCCESS",
+                ),
+                l(
+                    12,
+                    "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g2) = CUDA_SUCCESS",
+                ),
+                l(
+                    12,
+                    "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g2) = exit=0",
+                ),
+                l(
+                    11,
+                    "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g1) = exit=0",
+                ),
+                l(
+                    10,
+                    "cuda-checkpoint cuda-checkpoint(--action restore --pid g1) = exit=0",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessUnlock(pid=g2) = CUDA_SUCCESS",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessUnlock(pid=g1) = CUDA_SUCCESS",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessGetState(pid=g3) = CUDA_SUCCESS",
+                ),
+                l(
+                    7,
+                    "guardian cuCheckpointProcessUnlock(pid=g0) = CUDA_SUCCESS",
+                ),
+            ],
+            &cli,
+        );
+        assert_eq!(
+            got,
+            vec![
+                "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
+                "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g1) = CUDA_SUCCESS",
+                "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g1) = exit=0",
+                "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
+                "cuda-checkpoint cuCheckpointProcessCheckpoint(pid=g2) = CUDA_SUCCESS",
+                "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g2) = exit=0",
+                "cuda-checkpoint cuda-checkpoint(--action restore --pid g1) = exit=0",
+                "guardian cuCheckpointProcessUnlock(pid=g1) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessUnlock(pid=g2) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessGetState(pid=g3) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessUnlock(pid=g0) = CUDA_SUCCESS",
+            ]
+        );
+    }
+
+    #[test]
+    fn versions_sizes_and_statuses_are_never_taken_for_pids() {
+        for (before, after) in [
+            ("(libcuda.so.1 ", ")"),
+            ("cr_plugin_ctl is ", " bytes))"),
+            ("GH100, ", " MiB)"),
+            ("host has ", " hooks (cr"),
+            ("--pid gpu) = exit=", ""),
+            ("exited with status ", " (probably"),
+            ("needs ", " or later)"),
+        ] {
+            assert!(never_a_pid(before, after), "{before}N{after}");
+        }
+        for (before, after) in [
+            ("pid=", ", timeoutMs"),
+            ("cuda_plugin: pid ", ": checkpointed"),
+        ] {
+            assert!(!never_a_pid(before, after), "{before}N{after}");
+        }
+    }
+}
