@@ -58,6 +58,9 @@ pub fn read_snapshot(path: &Path) -> Option<String> {
     Some(rest[at + 5..].to_owned())
 }
 
+/// How a passing scenario without its snapshot file fails.
+const NO_SNAPSHOT: &str = "no snapshot";
+
 /// One row of the `harness run` table.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -76,6 +79,7 @@ impl Row {
     pub fn result(&self) -> String {
         match (&self.error, self.report.as_ref().map(|r| &r.verdict)) {
             (Some(e), None) => format!("fail: {}", first_line(e)),
+            (Some(e), Some(_)) if e.starts_with(NO_SNAPSHOT) => format!("fail: {NO_SNAPSHOT}"),
             (Some(_), Some(_)) => "fail: the transcript differs from its snapshot".to_owned(),
             (None, Some(Verdict::Pass)) => "pass".to_owned(),
             (None, Some(Verdict::Fail(e))) => format!("fail: {}", first_line(e)),
@@ -223,10 +227,20 @@ fn run_one(name: &str, path: &Path, snaps: &Path, art: &Artifacts, opts: &Corpus
     let mut error = None;
     if report.verdict == Verdict::Pass && report.snapshot_applies {
         let snap = snaps.join(format!("{}.snap", snapshot_name(name)));
-        if let Some(want) = read_snapshot(&snap) {
-            if want.trim_end() != report.transcript.trim_end() {
+        match read_snapshot(&snap) {
+            Some(want) if want.trim_end() != report.transcript.trim_end() => {
                 error = Some(format!(
                     "transcript differs from {} (run `cargo insta test -p harness --test scenarios` to review)\n{}",
+                    snap.display(),
+                    report.transcript
+                ));
+            }
+            Some(_) => {}
+            // As the libtest runner's insta assertion does: a passing scenario of this
+            // project's plugin has its transcript on file.
+            None => {
+                error = Some(format!(
+                    "{NO_SNAPSHOT} {} (bless it: INSTA_UPDATE=always cargo test -p harness --test scenarios -- {name})\n{}",
                     snap.display(),
                     report.transcript
                 ));
