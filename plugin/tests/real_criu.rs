@@ -18,7 +18,7 @@
 //! one at a time (restores need their old pids free). A table of the results with dump/restore
 //! times, the execution counts and the hook times is printed at the end.
 //!
-//! Skips (with the reason) when not root, or when no CRIU is found (see `support` for where it
+//! Skips (with the reason) when not root, or when no CRIU is found (see `testkit::criu` for where it
 //! is looked for) unless `CRIU_CUDA_REQUIRE_CRIU=1`. `CRIU_CUDA_REAL_CRIU_N32=0` marks the
 //! `exec-counts-n32` trials ignored (~2-5 s each on 2 cores). `CRIU_CUDA_TEST_PLUGIN_SO=PATH`
 //! tests that prebuilt plugin (e.g. a release build) instead. A failed case keeps its directory
@@ -29,7 +29,6 @@
 
 #[path = "real_criu/holes.rs"]
 mod holes;
-mod support;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use std::fmt::Write as _;
@@ -37,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::*;
+use testkit::criu::*;
 
 /// One row of the final table.
 #[derive(Debug, Clone)]

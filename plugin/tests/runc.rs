@@ -37,15 +37,13 @@
 //!
 //! Run: `cargo test -p cuda-plugin --test runc [-- FILTER]`.
 
-mod support;
-
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use support::*;
+use testkit::criu::*;
 
 const BACKENDS: [&str; 2] = ["driver-api", "cuda-checkpoint"];
 
