@@ -647,18 +647,12 @@ fn reap(watch: Option<i32>) -> Option<WaitStatus> {
     }
 }
 
+/// [`testkit::wait::wait_until`], reaping our exited children at each poll.
 fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
+    testkit::wait::wait_until(limit, || {
         reap(None);
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        cond()
+    })
 }
 
 fn pids() -> Vec<i32> {

@@ -7,6 +7,8 @@ use abi::{CUprocessState, CUresult, GpuUuid};
 use common::*;
 use mock_libcuda::driver;
 use std::time::{Duration, Instant};
+use testkit::proc::{stat_state, thread_names};
+use testkit::wait::wait_for;
 
 fn uuid(s: &str) -> GpuUuid {
     GpuUuid::parse(s).unwrap()
@@ -108,7 +110,7 @@ fn a_stopped_restore_thread_times_out_instead_of_hanging() {
     nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGSTOP).unwrap();
     wait_for(
         Duration::from_secs(5),
-        || read(std::path::Path::new(&format!("/proc/{pid}/stat"))).contains(") T "),
+        || stat_state(pid) == Some('T'),
         "the target to stop",
     );
 

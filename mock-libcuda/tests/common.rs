@@ -11,7 +11,9 @@ use mock_libcuda::world::World;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::read;
+use testkit::wait::wait_for;
 
 /// The mock library built next to this package's binaries.
 pub fn mock_so() -> PathBuf {
@@ -161,27 +163,4 @@ impl Drop for TestWorld {
             let _ = c.wait();
         }
     }
-}
-
-pub fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool, what: &str) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Names of the threads of `pid`.
-pub fn thread_names(pid: i32) -> Vec<(i32, String)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let tid: i32 = e.unwrap().file_name().to_string_lossy().parse().unwrap();
-        let comm = read(Path::new(&format!("/proc/{pid}/task/{tid}/comm")));
-        out.push((tid, comm.trim().to_owned()));
-    }
-    out
 }

@@ -21,6 +21,9 @@ use mock_libcuda::world::pidns::{self, NsIdentity};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use testkit::proc::thread_names;
+use testkit::read;
+use testkit::wait::wait_for;
 
 type R<T = ()> = Result<T, Failed>;
 

@@ -15,6 +15,7 @@ use mock_libcuda::world::config::WorldConfig;
 use mock_libcuda::world::World;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
+use testkit::read;
 
 const GIB: u64 = 1 << 30;
 

@@ -44,6 +44,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use testkit::criu::*;
+use testkit::wait::output_within;
 
 const BACKENDS: [&str; 2] = ["driver-api", "cuda-checkpoint"];
 
@@ -299,29 +300,14 @@ impl Container {
 
     /// Runs a runc command that does not start container processes, bounded by `limit`.
     fn run(&self, args: &[&str], limit: Duration) -> R<Output> {
-        let mut child = self
-            .runc(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting runc {args:?}: {e}"))?;
-        let deadline = Instant::now() + limit;
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() > deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("runc {args:?} ran over {limit:?}; killed"));
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => return Err(format!("waiting for runc: {e}")),
-            }
-        }
-        child
-            .wait_with_output()
-            .map_err(|e| format!("collecting runc's output: {e}"))
+        output_within(
+            self.runc(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+            limit,
+            &format!("runc {args:?}"),
+        )
     }
 
     /// `runc run -d` or `runc restore -d`: the container's standard streams are pipes whose
