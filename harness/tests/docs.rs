@@ -81,6 +81,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use testkit::proc::exists;
 
 use harness::runner::{self, Artifacts};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -695,15 +696,13 @@ fn environ(pid: i32, name: &str) -> Option<String> {
     })
 }
 
-fn exists(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Ok when `pid` is alive, no thread stopped or traced.
 fn check_free_running(pid: i32) -> R {
     ensure!(exists(pid), "pid {pid} is gone");
-    let s = read(Path::new(&format!("/proc/{pid}/status")));
-    ensure!(!s.contains("State:\tZ"), "pid {pid} is a zombie");
+    ensure!(
+        testkit::proc::thread_status(pid, pid).is_none_or(|s| s.state != 'Z'),
+        "pid {pid} is a zombie"
+    );
     harness::pstree::running_untraced(pid).map_err(|e| format!("pid {pid}: thread {e}"))
 }
 

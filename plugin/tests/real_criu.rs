@@ -37,6 +37,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use testkit::criu::*;
+use testkit::proc::status_field;
 
 /// One row of the final table.
 #[derive(Debug, Clone)]
@@ -560,11 +561,7 @@ fn seccomp_filtered(c: &mut Case) -> R {
         ],
         2,
     )?;
-    let seccomp_mode = |pid: i32| {
-        read(Path::new(&format!("/proc/{pid}/status")))
-            .lines()
-            .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim().to_owned()))
-    };
+    let seccomp_mode = |pid: i32| status_field(pid, "Seccomp");
     for &pid in &c.pids {
         ensure!(
             seccomp_mode(pid).as_deref() == Some("2"),
@@ -606,13 +603,8 @@ fn unprivileged(c: &mut Case) -> R {
     c.unprivileged()?;
     spawn_tree3(c)?;
     for &pid in &c.pids {
-        let uid = read(Path::new(&format!("/proc/{pid}/status")))
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("Uid:")
-                    .map(|v| v.split_whitespace().next().map(str::to_owned))
-            })
-            .flatten();
+        let uid =
+            status_field(pid, "Uid").and_then(|v| v.split_whitespace().next().map(str::to_owned));
         ensure!(
             uid == Some(UNPRIVILEGED_UID.to_string()),
             "pid {pid} runs as uid {uid:?}, not {UNPRIVILEGED_UID}"

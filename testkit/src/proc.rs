@@ -70,8 +70,26 @@ pub fn thread_status(pid: i32, tid: i32) -> Option<TaskStatus> {
 /// The state letter of `pid` from `/proc/<pid>/stat` (after the parenthesised command name,
 /// which may itself contain spaces and parentheses).
 pub fn stat_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_state(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The state letter of thread `tid` of `pid` from `/proc/<pid>/task/<tid>/stat`.
+pub fn task_stat_state(pid: i32, tid: i32) -> Option<char> {
+    parse_stat_state(&std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?)
+}
+
+fn parse_stat_state(stat: &str) -> Option<char> {
     stat.get(stat.rfind(')')? + 2..)?.chars().next()
+}
+
+/// The value (trimmed) of the field `name` (e.g. `"Seccomp"`, `"Uid"`) of `/proc/<pid>/status`.
+pub fn status_field(pid: i32, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)?
+            .strip_prefix(':')
+            .map(|v| v.trim().to_owned())
+    })
 }
 
 /// True when `pid`'s environment contains `needle` (e.g. `MOCK_CUDA_WORLD=<dir>`).
@@ -127,5 +145,8 @@ mod tests {
         assert!(threads(me).contains(&me));
         assert_eq!(stat_state(me), Some('R'));
         assert!(thread_status(me, me).is_some());
+        assert_eq!(task_stat_state(me, me), Some('R'));
+        assert_eq!(status_field(me, "Tgid"), Some(me.to_string()));
+        assert_eq!(parse_stat_state("7 (a) b) S 1"), Some('S'));
     }
 }
