@@ -9,6 +9,7 @@ use mock_libcuda::driver;
 use std::time::{Duration, Instant};
 use testkit::proc::{stat_state, thread_names};
 use testkit::wait::wait_for;
+use testkit::world::{GPU0, GPU1, GPU2};
 
 fn uuid(s: &str) -> GpuUuid {
     GpuUuid::parse(s).unwrap()
@@ -151,15 +152,7 @@ fn a_stopped_restore_thread_times_out_instead_of_hanging() {
 #[test]
 fn gpu_pairs_move_memory_to_other_gpus_and_bad_maps_are_refused() {
     let _s = serial();
-    let extra = format!(
-        r#"
-[[gpu]]
-uuid = "{GPU2}"
-name = "NVIDIA A100-SXM4-80GB"
-memory_mib = 64
-chip = "GA100"
-"#
-    );
+    let extra = testkit::world::a100(GPU2);
     let mut w = TestWorld::new(&config(580, &extra));
     let pid = w.spawn_app(&["--gpus", "0,1", "--kib", "16"]);
     driver::init(0).unwrap();

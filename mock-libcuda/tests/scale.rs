@@ -16,6 +16,7 @@ use mock_libcuda::world::World;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 use testkit::read;
+use testkit::world::{GPU0, GPU1, GPU2};
 
 const GIB: u64 = 1 << 30;
 

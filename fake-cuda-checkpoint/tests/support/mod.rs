@@ -36,11 +36,8 @@ use testkit::artifacts::{fresh, mtime, newest_of, workspace, Layout};
 pub use testkit::proc::{signal, stat_state, SIGABRT, SIGCONT, SIGSEGV, SIGSTOP, SIGUSR1};
 pub use testkit::read;
 pub use testkit::wait::wait_for;
-
-/// The three GPUs of the test worlds (two of one chip, one of another).
-pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
-pub const GPU1: &str = "GPU-11111111-1111-4111-8111-111111111111";
-pub const GPU2: &str = "GPU-22222222-2222-4222-8222-222222222222";
+use testkit::world;
+pub use testkit::world::{GPU0, GPU1, GPU2};
 
 /// The built artifacts the tests run.
 #[derive(Debug)]
@@ -139,36 +136,9 @@ pub fn no_core(cmd: &mut Command) {
 /// A world config: `branch`, two GPUs of one chip, an optional third of another, and `extra`
 /// TOML appended (faults, `cuda_version`).
 pub fn config(branch: u32, driver_extra: &str, third_gpu: bool, extra: &str) -> String {
-    let mut c = format!(
-        r#"schema = 1
-[driver]
-branch = {branch}
-request_timeout_ms = 800
-{driver_extra}
-
-[[gpu]]
-uuid = "{GPU0}"
-name = "NVIDIA H100 80GB HBM3"
-memory_mib = 64
-chip = "GH100"
-
-[[gpu]]
-uuid = "{GPU1}"
-name = "NVIDIA H100 80GB HBM3"
-memory_mib = 64
-chip = "GH100"
-"#
-    );
+    let mut c = world::two_h100(branch, &format!("request_timeout_ms = 800\n{driver_extra}"));
     if third_gpu {
-        c.push_str(&format!(
-            r#"
-[[gpu]]
-uuid = "{GPU2}"
-name = "NVIDIA A100-SXM4-80GB"
-memory_mib = 64
-chip = "GA100"
-"#
-        ));
+        c.push_str(&world::a100(GPU2));
     }
     c.push_str(extra);
     c
@@ -251,9 +221,8 @@ impl World {
 
     /// Points `cmd` at this world: `MOCK_CUDA_WORLD` and the world's `libcuda.so.1`.
     pub fn env(&self, cmd: &mut Command) {
-        cmd.env("MOCK_CUDA_WORLD", self.dir())
-            .env("LD_LIBRARY_PATH", self.dir().join("lib"))
-            .env_remove("CUDA_VISIBLE_DEVICES");
+        world::env(cmd, &self.dir());
+        cmd.env_remove("CUDA_VISIBLE_DEVICES");
     }
 
     /// The `cuda-checkpoint` command, in this world.
