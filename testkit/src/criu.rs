@@ -344,7 +344,7 @@ pub fn world_states(mock_world: &Path, world: &Path) -> R<Vec<(i32, String)>> {
 // ---------------------------------------------------------------------------------------------
 // Plugin logs
 
-/// `(hook, pid, ms)` of every "cuda_plugin: <HOOK> pid N: done in X ms" line of a CRIU log.
+/// `(hook, pid, ms)` of every `cuda_plugin: <HOOK> pid N: done in X ms` line of a CRIU log.
 pub fn hook_times(log: &str) -> Vec<(String, i32, f64)> {
     log.lines()
         .filter_map(|l| {
@@ -358,7 +358,7 @@ pub fn hook_times(log: &str) -> Vec<(String, i32, f64)> {
 }
 
 /// `(hook, pid, backend ms, restore-thread control ms)` of every
-/// "cuda_plugin: <HOOK> pid N: waited X ms on BACKEND, Y ms on restore-thread control" line.
+/// `cuda_plugin: <HOOK> pid N: waited X ms on BACKEND, Y ms on restore-thread control` line.
 pub fn hook_waits(log: &str) -> Vec<(String, i32, f64, f64)> {
     log.lines()
         .filter_map(|l| {

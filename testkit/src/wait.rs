@@ -21,7 +21,7 @@ pub fn wait_for(limit: Duration, cond: impl FnMut() -> bool, what: &str) {
     assert!(wait_until(limit, cond), "timed out waiting for {what}");
 }
 
-/// Runs `cmd` to the end with its output collected (as [`Command::output`] does, with the
+/// Runs `cmd` to the end with its output collected (as [`std::process::Command::output`] does, with the
 /// standard streams as `cmd` sets them), killing it once it runs over `limit`. `what` names the
 /// program in the errors: "starting `what`: …", "`what` ran over `limit`; killed".
 pub fn output_within(
