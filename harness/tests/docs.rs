@@ -81,6 +81,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use testkit::proc::exists;
 
 use harness::runner::{self, Artifacts};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -647,18 +648,12 @@ fn reap(watch: Option<i32>) -> Option<WaitStatus> {
     }
 }
 
+/// [`testkit::wait::wait_until`], reaping our exited children at each poll.
 fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
+    testkit::wait::wait_until(limit, || {
         reap(None);
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        cond()
+    })
 }
 
 fn pids() -> Vec<i32> {
@@ -701,15 +696,13 @@ fn environ(pid: i32, name: &str) -> Option<String> {
     })
 }
 
-fn exists(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Ok when `pid` is alive, no thread stopped or traced.
 fn check_free_running(pid: i32) -> R {
     ensure!(exists(pid), "pid {pid} is gone");
-    let s = read(Path::new(&format!("/proc/{pid}/status")));
-    ensure!(!s.contains("State:\tZ"), "pid {pid} is a zombie");
+    ensure!(
+        testkit::proc::thread_status(pid, pid).is_none_or(|s| s.state != 'Z'),
+        "pid {pid} is a zombie"
+    );
     harness::pstree::running_untraced(pid).map_err(|e| format!("pid {pid}: thread {e}"))
 }
 

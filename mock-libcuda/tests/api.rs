@@ -7,6 +7,9 @@ use abi::{CUprocessState, CUresult, GpuUuid};
 use common::*;
 use mock_libcuda::driver;
 use std::time::{Duration, Instant};
+use testkit::proc::{stat_state, thread_names};
+use testkit::wait::wait_for;
+use testkit::world::{GPU0, GPU1, GPU2};
 
 fn uuid(s: &str) -> GpuUuid {
     GpuUuid::parse(s).unwrap()
@@ -108,7 +111,7 @@ fn a_stopped_restore_thread_times_out_instead_of_hanging() {
     nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGSTOP).unwrap();
     wait_for(
         Duration::from_secs(5),
-        || read(std::path::Path::new(&format!("/proc/{pid}/stat"))).contains(") T "),
+        || stat_state(pid) == Some('T'),
         "the target to stop",
     );
 
@@ -149,15 +152,7 @@ fn a_stopped_restore_thread_times_out_instead_of_hanging() {
 #[test]
 fn gpu_pairs_move_memory_to_other_gpus_and_bad_maps_are_refused() {
     let _s = serial();
-    let extra = format!(
-        r#"
-[[gpu]]
-uuid = "{GPU2}"
-name = "NVIDIA A100-SXM4-80GB"
-memory_mib = 64
-chip = "GA100"
-"#
-    );
+    let extra = testkit::world::a100(GPU2);
     let mut w = TestWorld::new(&config(580, &extra));
     let pid = w.spawn_app(&["--gpus", "0,1", "--kib", "16"]);
     driver::init(0).unwrap();

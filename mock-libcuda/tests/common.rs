@@ -11,7 +11,9 @@ use mock_libcuda::world::World;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::read;
+use testkit::wait::wait_for;
 
 /// The mock library built next to this package's binaries.
 pub fn mock_so() -> PathBuf {
@@ -24,31 +26,9 @@ pub fn mock_so() -> PathBuf {
         .join("libmock_libcuda.so")
 }
 
-pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
-pub const GPU1: &str = "GPU-11111111-1111-4111-8111-111111111111";
-pub const GPU2: &str = "GPU-22222222-2222-4222-8222-222222222222";
-
 /// A world config with `branch` and two H100s (plus `extra` TOML appended).
 pub fn config(branch: u32, extra: &str) -> String {
-    format!(
-        r#"schema = 1
-[driver]
-branch = {branch}
-request_timeout_ms = 1500
-
-[[gpu]]
-uuid = "{GPU0}"
-name = "NVIDIA H100 80GB HBM3"
-memory_mib = 64
-chip = "GH100"
-
-[[gpu]]
-uuid = "{GPU1}"
-name = "NVIDIA H100 80GB HBM3"
-memory_mib = 64
-chip = "GH100"
-{extra}"#
-    )
+    testkit::world::two_h100(branch, "request_timeout_ms = 1500") + extra
 }
 
 /// Tests that use the driver API in this process share its environment: one at a time.
@@ -93,8 +73,7 @@ impl TestWorld {
     }
 
     pub fn env(&self, cmd: &mut Command) {
-        cmd.env("MOCK_CUDA_WORLD", self.path())
-            .env("LD_LIBRARY_PATH", self.path().join("lib"));
+        testkit::world::env(cmd, self.path());
     }
 
     /// Starts `mock-cuda-app` with `args`; waits for its READY line; returns its pid.
@@ -161,27 +140,4 @@ impl Drop for TestWorld {
             let _ = c.wait();
         }
     }
-}
-
-pub fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool, what: &str) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Names of the threads of `pid`.
-pub fn thread_names(pid: i32) -> Vec<(i32, String)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let tid: i32 = e.unwrap().file_name().to_string_lossy().parse().unwrap();
-        let comm = read(Path::new(&format!("/proc/{pid}/task/{tid}/comm")));
-        out.push((tid, comm.trim().to_owned()));
-    }
-    out
 }

@@ -14,6 +14,7 @@ use mock_libcuda::driver;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testkit::proc::{stat_state, thread_names};
 
 /// One `[[fault]]` table: `function`, extra keys (`nth = 2`, `pid = …`), the inline action.
 fn fault(function: &str, keys: &str, action: &str) -> String {
@@ -324,10 +325,10 @@ fn kill_target_fault_kills_the_target_and_the_call_fails() {
     let pid = w.spawn_app(&["--kib", "16"]);
     assert!(w.world.read_state().unwrap().by_pid(pid).is_some());
     assert_eq!(driver::lock(pid, 1000), Err(CUresult::ERROR_INVALID_VALUE));
-    let stat = read(std::path::Path::new(&format!("/proc/{pid}/stat")));
+    let state = stat_state(pid);
     assert!(
-        stat.is_empty() || stat.contains(") Z "),
-        "the target is dead: {stat}"
+        matches!(state, None | Some('Z')),
+        "the target is dead: {state:?}"
     );
     assert!(
         w.world.read_state().unwrap().by_pid(pid).is_none(),

@@ -14,6 +14,7 @@ use common::*;
 use mock_libcuda::{driver, ffi::exports};
 use proptest::prelude::*;
 use std::sync::OnceLock;
+use testkit::world::{GPU0, GPU1};
 
 #[derive(Debug, Clone, Copy)]
 enum Pairs {

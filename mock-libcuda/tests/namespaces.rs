@@ -21,6 +21,9 @@ use mock_libcuda::world::pidns::{self, NsIdentity};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use testkit::proc::{task_stat_state, thread_names};
+use testkit::read;
+use testkit::wait::wait_for;
 
 type R<T = ()> = Result<T, Failed>;
 
@@ -341,8 +344,8 @@ fn internal_threads_start_with_cuinit_and_never_end() -> R {
     driver::unlock(pid).map_err(|e| format!("unlock: {e}"))?;
     for (tid, n) in thread_names(pid) {
         if n == mock_libcuda::target::INTERNAL_THREAD_NAME {
-            let stat = read(Path::new(&format!("/proc/{pid}/task/{tid}/stat")));
-            ensure!(stat.contains(") S "), "thread {tid} is not asleep: {stat}");
+            let state = task_stat_state(pid, tid);
+            ensure!(state == Some('S'), "thread {tid} is not asleep: {state:?}");
         }
     }
     ensure!(

@@ -15,6 +15,8 @@ use mock_libcuda::world::config::WorldConfig;
 use mock_libcuda::world::World;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
+use testkit::read;
+use testkit::world::{GPU0, GPU1, GPU2};
 
 const GIB: u64 = 1 << 30;
 

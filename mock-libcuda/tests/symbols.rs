@@ -8,6 +8,7 @@ use abi::{CUcheckpointGpuPair, CUcheckpointRestoreArgs, CUresult, CUuuid};
 use common::*;
 use mock_libcuda::ffi::exports;
 use std::ffi::{c_int, c_void, CString};
+use testkit::world::{GPU0, GPU1};
 
 fn dlsym_finds(lib: &std::path::Path, name: &str) -> bool {
     // SAFETY: loading the mock runs no initialisers with preconditions.

@@ -19,14 +19,11 @@
 //! (root, real CRIU fetched by `scripts/fetch-criu.sh`). Without `--bench` (as `cargo test
 //! --all-targets` runs it) it is a smoke test: one round of a 1 GiB job at a scaled rate.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use clap::Parser;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::*;
+use testkit::criu::*;
 
 #[derive(Debug, Parser)]
 #[command(

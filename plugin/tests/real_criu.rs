@@ -18,7 +18,7 @@
 //! one at a time (restores need their old pids free). A table of the results with dump/restore
 //! times, the execution counts and the hook times is printed at the end.
 //!
-//! Skips (with the reason) when not root, or when no CRIU is found (see `support` for where it
+//! Skips (with the reason) when not root, or when no CRIU is found (see `testkit::criu` for where it
 //! is looked for) unless `CRIU_CUDA_REQUIRE_CRIU=1`. `CRIU_CUDA_REAL_CRIU_N32=0` marks the
 //! `exec-counts-n32` trials ignored (~2-5 s each on 2 cores). `CRIU_CUDA_TEST_PLUGIN_SO=PATH`
 //! tests that prebuilt plugin (e.g. a release build) instead. A failed case keeps its directory
@@ -29,7 +29,6 @@
 
 #[path = "real_criu/holes.rs"]
 mod holes;
-mod support;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use std::fmt::Write as _;
@@ -37,7 +36,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::*;
+use testkit::criu::*;
+use testkit::proc::status_field;
 
 /// One row of the final table.
 #[derive(Debug, Clone)]
@@ -561,11 +561,7 @@ fn seccomp_filtered(c: &mut Case) -> R {
         ],
         2,
     )?;
-    let seccomp_mode = |pid: i32| {
-        read(Path::new(&format!("/proc/{pid}/status")))
-            .lines()
-            .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim().to_owned()))
-    };
+    let seccomp_mode = |pid: i32| status_field(pid, "Seccomp");
     for &pid in &c.pids {
         ensure!(
             seccomp_mode(pid).as_deref() == Some("2"),
@@ -607,13 +603,8 @@ fn unprivileged(c: &mut Case) -> R {
     c.unprivileged()?;
     spawn_tree3(c)?;
     for &pid in &c.pids {
-        let uid = read(Path::new(&format!("/proc/{pid}/status")))
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("Uid:")
-                    .map(|v| v.split_whitespace().next().map(str::to_owned))
-            })
-            .flatten();
+        let uid =
+            status_field(pid, "Uid").and_then(|v| v.split_whitespace().next().map(str::to_owned));
         ensure!(
             uid == Some(UNPRIVILEGED_UID.to_string()),
             "pid {pid} runs as uid {uid:?}, not {UNPRIVILEGED_UID}"

@@ -37,15 +37,14 @@
 //!
 //! Run: `cargo test -p cuda-plugin --test runc [-- FILTER]`.
 
-mod support;
-
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use support::*;
+use testkit::criu::*;
+use testkit::wait::output_within;
 
 const BACKENDS: [&str; 2] = ["driver-api", "cuda-checkpoint"];
 
@@ -301,29 +300,14 @@ impl Container {
 
     /// Runs a runc command that does not start container processes, bounded by `limit`.
     fn run(&self, args: &[&str], limit: Duration) -> R<Output> {
-        let mut child = self
-            .runc(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting runc {args:?}: {e}"))?;
-        let deadline = Instant::now() + limit;
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() > deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("runc {args:?} ran over {limit:?}; killed"));
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => return Err(format!("waiting for runc: {e}")),
-            }
-        }
-        child
-            .wait_with_output()
-            .map_err(|e| format!("collecting runc's output: {e}"))
+        output_within(
+            self.runc(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+            limit,
+            &format!("runc {args:?}"),
+        )
     }
 
     /// `runc run -d` or `runc restore -d`: the container's standard streams are pipes whose

@@ -26,30 +26,18 @@
 //! system C compiler (`$CC`, default `cc`) into `<target>/<profile>/fake-cuda-checkpoint-tests/`
 //! when missing or older than its source.
 
-#![expect(
-    dead_code,
-    reason = "cli_against_mock.rs, its one user, needs only part of it"
-)]
-
 use std::ffi::c_int;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime};
-
-/// The three GPUs of the test worlds (two of one chip, one of another).
-pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
-pub const GPU1: &str = "GPU-11111111-1111-4111-8111-111111111111";
-pub const GPU2: &str = "GPU-22222222-2222-4222-8222-222222222222";
-
-/// Linux signal numbers (the same on x86-64 and aarch64).
-pub const SIGABRT: c_int = 6;
-pub const SIGKILL: c_int = 9;
-pub const SIGUSR1: c_int = 10;
-pub const SIGSEGV: c_int = 11;
-pub const SIGCONT: c_int = 18;
-pub const SIGSTOP: c_int = 19;
+use std::time::{Duration, Instant};
+use testkit::artifacts::{fresh, mtime, newest_of, workspace, Layout};
+pub use testkit::proc::{signal, stat_state, SIGABRT, SIGCONT, SIGSEGV, SIGSTOP, SIGUSR1};
+pub use testkit::read;
+pub use testkit::wait::wait_for;
+use testkit::world;
+pub use testkit::world::{GPU0, GPU1, GPU2};
 
 /// The built artifacts the tests run.
 #[derive(Debug)]
@@ -61,22 +49,6 @@ pub struct Artifacts {
     pub api_probe: PathBuf,
 }
 
-fn mtime(p: &Path) -> Option<SystemTime> {
-    std::fs::metadata(p).ok()?.modified().ok()
-}
-
-/// Newest modification time of the files under `p` (recursively), or of `p` itself.
-fn newest(p: &Path) -> Option<SystemTime> {
-    let meta = std::fs::metadata(p).ok()?;
-    if !meta.is_dir() {
-        return meta.modified().ok();
-    }
-    std::fs::read_dir(p)
-        .ok()?
-        .filter_map(|e| newest(&e.ok()?.path()))
-        .max()
-}
-
 /// The artifacts, located (and built when needed) once per test process.
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
@@ -84,76 +56,29 @@ pub fn artifacts() -> &'static Artifacts {
 }
 
 fn locate_or_build() -> Artifacts {
-    let exe = std::env::current_exe().expect("locating the test binary");
-    let deps = exe
-        .parent()
-        .expect("the test binary lives in <target>/<profile>/deps");
-    let profile_dir = deps.parent().expect("deps/ has a parent");
-    let target_dir = profile_dir
-        .parent()
-        .expect("the profile directory has a parent");
-    let profile = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("the profile directory has a UTF-8 name")
-        .to_owned();
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the package lives in the workspace")
-        .to_path_buf();
-
-    let libs = [
-        deps.join("libmock_libcuda.so"),
-        profile_dir.join("libmock_libcuda.so"),
-    ];
-    let mock_world = profile_dir.join("mock-world");
-    let mock_app = profile_dir.join("mock-cuda-app");
+    let layout = Layout::of_current_exe().expect("locating the target directory");
+    let ws = workspace();
+    let libs = layout.both("libmock_libcuda.so");
+    let mock_world = layout.profile_dir.join("mock-world");
+    let mock_app = layout.profile_dir.join("mock-cuda-app");
     let sources = [
-        workspace.join("mock-libcuda/src"),
-        workspace.join("mock-libcuda/Cargo.toml"),
-        workspace.join("abi/src"),
-        workspace.join("abi/Cargo.toml"),
-        workspace.join("Cargo.lock"),
-    ];
-    let source_time = sources.iter().filter_map(|s| newest(s)).max();
-    let newest_lib = || libs.iter().filter_map(|l| mtime(l)).max();
-    let oldest_artifact = [newest_lib(), mtime(&mock_world), mtime(&mock_app)]
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .and_then(|v| v.into_iter().min());
-    let fresh = matches!((oldest_artifact, source_time), (Some(a), Some(s)) if a >= s)
-        || (oldest_artifact.is_some() && source_time.is_none());
-    if !fresh {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(&cargo);
-        cmd.arg("build")
-            .arg("--manifest-path")
-            .arg(workspace.join("Cargo.toml"))
-            .args(["-p", "mock-libcuda", "--lib", "--bins"])
-            .env("CARGO_TARGET_DIR", target_dir);
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("running {cargo:?} to build mock-libcuda: {e}"));
-        assert!(
-            out.status.success(),
-            "building mock-libcuda ({cmd:?}) failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        "mock-libcuda/src",
+        "mock-libcuda/Cargo.toml",
+        "abi/src",
+        "abi/Cargo.toml",
+        "Cargo.lock",
+    ]
+    .map(|s| ws.join(s));
+    let newest_lib = newest_of(&libs).map(|(t, _)| t);
+    if !fresh(
+        &[newest_lib, mtime(&mock_world), mtime(&mock_app)],
+        &sources,
+    ) {
+        layout
+            .cargo_build(&ws, &["-p", "mock-libcuda", "--lib", "--bins"])
+            .unwrap_or_else(|e| panic!("building mock-libcuda: {e}"));
     }
-    let mock_so = libs
-        .iter()
-        .filter_map(|l| Some((mtime(l)?, l.clone())))
-        .max()
+    let mock_so = newest_of(&libs)
         .map(|(_, l)| l)
         .expect("libmock_libcuda.so was built");
     for p in [&mock_world, &mock_app] {
@@ -164,7 +89,7 @@ fn locate_or_build() -> Artifacts {
         mock_so,
         mock_world,
         mock_app,
-        api_probe: build_probe(&profile_dir.join("fake-cuda-checkpoint-tests")),
+        api_probe: build_probe(&layout.profile_dir.join("fake-cuda-checkpoint-tests")),
     }
 }
 
@@ -190,14 +115,7 @@ fn build_probe(dir: &Path) -> PathBuf {
 }
 
 extern "C" {
-    fn kill(pid: c_int, sig: c_int) -> c_int;
     fn setrlimit(resource: c_int, rlim: *const [u64; 2]) -> c_int;
-}
-
-/// Sends `sig` to `pid`; true when it was delivered.
-pub fn signal(pid: i32, sig: c_int) -> bool {
-    // SAFETY: kill(2) takes two integers and touches no memory of ours.
-    unsafe { kill(pid, sig) == 0 }
 }
 
 /// Makes `cmd`'s process unable to dump core (the crash faults kill it with SIGSEGV/SIGABRT;
@@ -218,36 +136,9 @@ pub fn no_core(cmd: &mut Command) {
 /// A world config: `branch`, two GPUs of one chip, an optional third of another, and `extra`
 /// TOML appended (faults, `cuda_version`).
 pub fn config(branch: u32, driver_extra: &str, third_gpu: bool, extra: &str) -> String {
-    let mut c = format!(
-        r#"schema = 1
-[driver]
-branch = {branch}
-request_timeout_ms = 800
-{driver_extra}
-
-[[gpu]]
-uuid = "{GPU0}"
-name = "NVIDIA H100 80GB HBM3"
-memory_mib = 64
-chip = "GH100"
-
-[[gpu]]
-uuid = "{GPU1}"
-name = "NVIDIA H100 80GB HBM3"
-memory_mib = 64
-chip = "GH100"
-"#
-    );
+    let mut c = world::two_h100(branch, &format!("request_timeout_ms = 800\n{driver_extra}"));
     if third_gpu {
-        c.push_str(&format!(
-            r#"
-[[gpu]]
-uuid = "{GPU2}"
-name = "NVIDIA A100-SXM4-80GB"
-memory_mib = 64
-chip = "GA100"
-"#
-        ));
+        c.push_str(&world::a100(GPU2));
     }
     c.push_str(extra);
     c
@@ -330,9 +221,8 @@ impl World {
 
     /// Points `cmd` at this world: `MOCK_CUDA_WORLD` and the world's `libcuda.so.1`.
     pub fn env(&self, cmd: &mut Command) {
-        cmd.env("MOCK_CUDA_WORLD", self.dir())
-            .env("LD_LIBRARY_PATH", self.dir().join("lib"))
-            .env_remove("CUDA_VISIBLE_DEVICES");
+        world::env(cmd, &self.dir());
+        cmd.env_remove("CUDA_VISIBLE_DEVICES");
     }
 
     /// The `cuda-checkpoint` command, in this world.
@@ -461,28 +351,11 @@ impl Drop for World {
     }
 }
 
-pub fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool, what: &str) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Waits until `pid` is in state `T` (stopped) in `/proc`.
 pub fn wait_stopped(pid: i32) {
     wait_for(
         Duration::from_secs(5),
-        || {
-            let stat = read(Path::new(&format!("/proc/{pid}/stat")));
-            stat.rfind(')')
-                .and_then(|i| stat.get(i + 2..i + 3))
-                .is_some_and(|s| s == "T")
-        },
+        || stat_state(pid) == Some('T'),
         "the workload to stop",
     );
 }

@@ -4,7 +4,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::proc::{thread_status, threads};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -201,29 +202,19 @@ impl Tree {
 }
 
 fn status(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("State") || l.starts_with("TracerPid"))
-        .collect::<Vec<_>>()
-        .join(" ")
+    format!("{:?}", thread_status(pid, pid))
 }
 
 fn parked(pid: i32) -> bool {
-    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    rd.filter_map(Result::ok).all(|t| {
-        let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        s.contains("State:\tT (stopped)") && s.contains("TracerPid:\t0")
-    })
+    let tids = threads(pid);
+    !tids.is_empty()
+        && tids
+            .iter()
+            .all(|&t| thread_status(pid, t).is_some_and(|s| s.state == 'T' && s.tracer == 0))
 }
 
-fn wait_until(mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(3);
-    while !f() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_until(f: impl FnMut() -> bool) {
+    testkit::wait::wait_until(Duration::from_secs(3), f);
 }
 
 impl Drop for Tree {

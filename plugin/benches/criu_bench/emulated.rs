@@ -4,9 +4,9 @@
 use crate::ensure;
 use crate::run::{keep_all, tail, Bench, Run};
 use crate::sample::collect_hooks;
-use crate::support::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use testkit::criu::*;
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Emulated {

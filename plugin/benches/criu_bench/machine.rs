@@ -1,8 +1,8 @@
 //! The machine a run was on (CPU, cores, kernel, load) for the report's header.
 
-use crate::support::*;
 use std::path::Path;
 use std::process::Command;
+use testkit::criu::*;
 
 #[derive(Debug)]
 pub(crate) struct Machine {

@@ -57,9 +57,6 @@
 //! (the other forms of the report). A `harness = false` bench runs no `#[test]` functions: the
 //! tests of `args`, `config` and `stats` are in `plugin/tests/criu_bench_parts.rs`.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
-
 mod args;
 mod config;
 mod csv;
@@ -83,7 +80,7 @@ use sample::sample;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-use support::*;
+use testkit::criu::*;
 
 fn criu_version(p: &Path) -> String {
     let out = sh(&p.display().to_string(), &["--version"]);

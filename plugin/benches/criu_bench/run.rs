@@ -4,10 +4,10 @@
 
 use crate::config::Config;
 use crate::ensure;
-use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testkit::criu::*;
 
 /// What every sample shares: the CRIU to run and the artifacts.
 pub(crate) struct Bench {

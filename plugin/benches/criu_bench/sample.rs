@@ -5,8 +5,8 @@ use crate::config::Config;
 use crate::ensure;
 use crate::run::{keep_all, tail, Bench, Run};
 use crate::stats::CriuStats;
-use crate::support::*;
 use std::collections::BTreeMap;
+use testkit::criu::*;
 
 /// One dump + restore.
 #[derive(Debug, Clone)]

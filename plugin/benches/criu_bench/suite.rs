@@ -1,9 +1,9 @@
 //! The scenario suite's throughput: `harness run scenarios` once, its wall time and count.
 
 use crate::emulated::harness_exe;
-use crate::support::*;
 use std::process::{Command, Stdio};
 use std::time::Instant;
+use testkit::criu::*;
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Suite {

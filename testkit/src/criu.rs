@@ -1,11 +1,11 @@
-//! Support for `real_criu.rs`: the built artifacts, the CRIU binaries, mock worlds, workload
+//! Support for the plugin's real-CRIU tests and benchmarks (`real_criu.rs`, `runc.rs`,
+//! `criu_bench`, `scale_bench`): the built artifacts, the CRIU binaries, mock worlds, workload
 //! trees and the process bookkeeping a real dump/restore needs.
 //!
 //! # Where the artifacts come from
 //!
 //! Everything is taken from the target directory this test binary was built in
-//! (`std::env::current_exe()` is `<target>/<profile>/deps/real_criu-<hash>`), as
-//! `fake-cuda-checkpoint/tests/support` does:
+//! (see [`crate::artifacts`]):
 //!
 //! - `cuda_plugin.so`: the newer of `<profile>/deps/libcuda_plugin.so` (refreshed by `cargo test`)
 //!   and `<profile>/libcuda_plugin.so` (refreshed by `cargo build`), copied into each case's
@@ -34,14 +34,21 @@
 //! (a zombie keeps its pid: "Can't fork for N: File exists"). Only processes whose environment
 //! names the case's world are ever signalled.
 
-#![allow(dead_code)]
-
+pub use crate::artifacts::workspace;
+use crate::artifacts::{fresh, mtime, newest_of, Layout};
+pub use crate::ensure;
+pub use crate::proc::{
+    environ_has, exists, processes_with_env, signal, thread_status, threads, TaskStatus, SIGABRT,
+    SIGCONT, SIGKILL, SIGUSR1,
+};
+pub use crate::read;
+pub use crate::wait::wait_until;
 use std::ffi::c_int;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 /// Results of the checks: `Err` carries a message for the test report.
 pub type R<T = ()> = Result<T, String>;
@@ -69,37 +76,6 @@ pub struct Artifacts {
     pub cuda_checkpoint: PathBuf,
 }
 
-fn mtime(p: &Path) -> Option<SystemTime> {
-    std::fs::metadata(p).ok()?.modified().ok()
-}
-
-/// Newest modification time of the files under `p` (recursively), or of `p` itself.
-fn newest(p: &Path) -> Option<SystemTime> {
-    let meta = std::fs::metadata(p).ok()?;
-    if !meta.is_dir() {
-        return meta.modified().ok();
-    }
-    std::fs::read_dir(p)
-        .ok()?
-        .filter_map(|e| newest(&e.ok()?.path()))
-        .max()
-}
-
-fn newest_of(paths: &[PathBuf]) -> Option<(SystemTime, PathBuf)> {
-    paths
-        .iter()
-        .filter_map(|p| Some((mtime(p)?, p.clone())))
-        .max()
-}
-
-/// The workspace root.
-pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the package lives in the workspace")
-        .to_path_buf()
-}
-
 /// The artifacts, located (and built when needed) once per test process.
 pub fn artifacts() -> &'static R<Artifacts> {
     static A: OnceLock<R<Artifacts>> = OnceLock::new();
@@ -107,27 +83,12 @@ pub fn artifacts() -> &'static R<Artifacts> {
 }
 
 fn locate_or_build() -> R<Artifacts> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating the test binary: {e}"))?;
-    let deps = exe.parent().ok_or("the test binary has no directory")?;
-    let profile_dir = deps.parent().ok_or("deps/ has no parent")?;
-    let target_dir = profile_dir
-        .parent()
-        .ok_or("the profile dir has no parent")?;
-    let profile = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or("the profile directory has no UTF-8 name")?
-        .to_owned();
+    let layout = Layout::of_current_exe()?;
     let ws = workspace();
-    let both = |name: &str| [deps.join(name), profile_dir.join(name)];
-    let plugins = both("libcuda_plugin.so");
-    let mocks = both("libmock_libcuda.so");
-    let programs = [
-        profile_dir.join("mock-world"),
-        profile_dir.join("mock-cuda-app"),
-        profile_dir.join("cuda-checkpoint"),
-    ];
-
+    let plugins = layout.both("libcuda_plugin.so");
+    let mocks = layout.both("libmock_libcuda.so");
+    let programs =
+        ["mock-world", "mock-cuda-app", "cuda-checkpoint"].map(|p| layout.profile_dir.join(p));
     let sources = [
         "abi/src",
         "abi/Cargo.toml",
@@ -138,59 +99,25 @@ fn locate_or_build() -> R<Artifacts> {
         "plugin/src",
         "plugin/Cargo.toml",
         "Cargo.lock",
+    ]
+    .map(|s| ws.join(s));
+    let mut times = vec![
+        newest_of(&plugins).map(|(t, _)| t),
+        newest_of(&mocks).map(|(t, _)| t),
     ];
-    let source_time = sources.iter().filter_map(|s| newest(&ws.join(s))).max();
-    let oldest_artifact = || {
-        let mut times = vec![
-            newest_of(&plugins).map(|(t, _)| t),
-            newest_of(&mocks).map(|(t, _)| t),
-        ];
-        times.extend(programs.iter().map(|p| mtime(p)));
-        times
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .and_then(|v| v.into_iter().min())
-    };
-    let fresh = match (oldest_artifact(), source_time) {
-        (Some(a), Some(s)) => a >= s,
-        (Some(_), None) => true,
-        (None, _) => false,
-    };
-    if !fresh {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(&cargo);
-        cmd.arg("build")
-            .arg("--manifest-path")
-            .arg(ws.join("Cargo.toml"))
-            .args([
+    times.extend(programs.iter().map(|p| mtime(p)));
+    if !fresh(&times, &sources) {
+        layout.cargo_build(
+            &ws,
+            &[
                 "-p",
                 "mock-libcuda",
                 "-p",
                 "fake-cuda-checkpoint",
                 "-p",
                 "cuda-plugin",
-            ])
-            .env("CARGO_TARGET_DIR", target_dir);
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        eprintln!("real_criu: building the mock and the plugin: {cmd:?}");
-        let out = cmd
-            .output()
-            .map_err(|e| format!("running {cargo:?} build: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{cmd:?} failed: {}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+            ],
+        )?;
     }
     for p in &programs {
         ensure!(p.exists(), "{} was not built", p.display());
@@ -283,17 +210,11 @@ pub fn find_criu() -> Vec<Criu> {
 // Processes
 
 extern "C" {
-    fn kill(pid: c_int, sig: c_int) -> c_int;
     fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
     fn prctl(option: c_int, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> c_int;
     fn geteuid() -> u32;
     fn setsid() -> c_int;
 }
-
-pub const SIGABRT: c_int = 6;
-pub const SIGKILL: c_int = 9;
-pub const SIGUSR1: c_int = 10;
-pub const SIGCONT: c_int = 18;
 
 /// True when running as root.
 pub fn is_root() -> bool {
@@ -306,12 +227,6 @@ pub fn become_subreaper() -> bool {
     const PR_SET_CHILD_SUBREAPER: c_int = 36;
     // SAFETY: prctl(2) with integer arguments only; touches no memory of ours.
     unsafe { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 }
-}
-
-/// Sends `sig` to `pid`; true when delivered.
-pub fn signal(pid: i32, sig: c_int) -> bool {
-    // SAFETY: kill(2) takes two integers and touches no memory of ours.
-    unsafe { kill(pid, sig) == 0 }
 }
 
 /// Collects every exited child (our own, and the orphans reparented to us). Only called when
@@ -340,24 +255,6 @@ pub fn in_new_session(cmd: &mut Command) {
     }
 }
 
-pub fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-/// Polls `cond` every 5 ms for at most `limit`; false on timeout.
-pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Waits, for each of `pids` at most `limit`, until its pid is free (reaping what is
 /// reparented to us): CRIU restores a tree with its old pids, and pid 1 reaps slowly.
 pub fn wait_pids_gone(pids: &[i32], limit: Duration) -> R {
@@ -371,57 +268,12 @@ pub fn wait_pids_gone(pids: &[i32], limit: Duration) -> R {
     Ok(())
 }
 
-/// True when `/proc/<pid>` exists (a zombie counts: its pid is still taken).
-pub fn exists(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// True when `pid`'s environment contains `needle` (e.g. `MOCK_CUDA_WORLD=<dir>`).
-pub fn environ_has(pid: i32, needle: &str) -> bool {
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .map(|env| env.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()))
-        .unwrap_or(false)
-}
-
-/// Every live process whose environment contains `needle`.
-pub fn processes_with_env(needle: &str) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&p| p != me && environ_has(p, needle))
-        .collect()
-}
-
-/// A thread's `State:` letter and `TracerPid:` from `/proc/<pid>/task/<tid>/status`.
-fn thread_status(pid: i32, tid: i32) -> Option<(char, i32)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
-    let field = |name: &str| {
-        s.lines()
-            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
-    };
-    let state = field("State:")?.chars().next()?;
-    let tracer = field("TracerPid:")?.parse().ok()?;
-    Some((state, tracer))
-}
-
-/// The thread ids of `pid`.
-pub fn threads(pid: i32) -> Vec<i32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Ok when every thread of `pid` is alive, not stopped (`T`/`t`), not a zombie and not traced.
 pub fn check_free_running(pid: i32) -> R {
     let tids = threads(pid);
     ensure!(!tids.is_empty(), "pid {pid} is gone");
     for tid in tids {
-        if let Some((state, tracer)) = thread_status(pid, tid) {
+        if let Some(TaskStatus { state, tracer }) = thread_status(pid, tid) {
             ensure!(
                 !matches!(state, 'T' | 't' | 'Z' | 'X'),
                 "pid {pid} thread {tid} is in state {state}"
@@ -492,7 +344,7 @@ pub fn world_states(mock_world: &Path, world: &Path) -> R<Vec<(i32, String)>> {
 // ---------------------------------------------------------------------------------------------
 // Plugin logs
 
-/// `(hook, pid, ms)` of every "cuda_plugin: <HOOK> pid N: done in X ms" line of a CRIU log.
+/// `(hook, pid, ms)` of every `cuda_plugin: <HOOK> pid N: done in X ms` line of a CRIU log.
 pub fn hook_times(log: &str) -> Vec<(String, i32, f64)> {
     log.lines()
         .filter_map(|l| {
@@ -506,7 +358,7 @@ pub fn hook_times(log: &str) -> Vec<(String, i32, f64)> {
 }
 
 /// `(hook, pid, backend ms, restore-thread control ms)` of every
-/// "cuda_plugin: <HOOK> pid N: waited X ms on BACKEND, Y ms on restore-thread control" line.
+/// `cuda_plugin: <HOOK> pid N: waited X ms on BACKEND, Y ms on restore-thread control` line.
 pub fn hook_waits(log: &str) -> Vec<(String, i32, f64, f64)> {
     log.lines()
         .filter_map(|l| {
