@@ -506,7 +506,7 @@ impl Engine {
     }
 
     /// PAUSE_DEVICES: the task is still running. In parallel mode the first call locks the
-    /// tree's CUDA tasks ahead ([`Engine::lock_ahead`]), and each of them takes its own result
+    /// tree's CUDA tasks ahead (see `lock_ahead` below), and each of them takes its own result
     /// at its own call.
     pub fn pause_devices(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         let step = Step::Pause;
