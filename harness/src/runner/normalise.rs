@@ -49,11 +49,12 @@ impl Exec<'_> {
                 (*pid, format!("{who} {}", self.normalise(call)))
             })
             .collect();
-        if self.parallel_mode() {
+        let ordered = if self.parallel_mode() {
             order_concurrent(lines, &self.cli_pids)
         } else {
             lines.into_iter().map(|(_, l)| l).collect()
-        }
+        };
+        ordered.into_iter().filter(|l| !is_handshake(l)).collect()
     }
 
     /// Whether the scenario runs the plugin's parallel mode (`cuda_plugin.parallel=` other
@@ -181,6 +182,52 @@ impl Exec<'_> {
         }
         out
     }
+}
+
+/// Whether a driver-trace line is one of the `cuda-checkpoint` utility's successful start-up
+/// calls (`cuDriverGetVersion`, `cuGetExportTable`, `cuInit`), which every run makes before its
+/// action: its `cuda-checkpoint(...)` line and its checkpoint API call say what it did. A failed
+/// start-up call stays (it is behaviour), and so do the start-up calls of a run that never
+/// finished (`other`): they are all that shows it ran.
+pub(super) fn is_handshake(line: &str) -> bool {
+    let Some(call) = line.strip_prefix("cuda-checkpoint ") else {
+        return false;
+    };
+    call.ends_with(") = CUDA_SUCCESS")
+        && ["cuDriverGetVersion(", "cuGetExportTable(", "cuInit("]
+            .iter()
+            .any(|f| call.starts_with(f))
+}
+
+/// A normalised plugin log line as the transcript records it: `None` for the per-hook timing
+/// lines (`waited N.N ms on …`, `done in N.N ms`), which say how long, not what; the plugin's
+/// version left out of its init line (a version bump changes no behaviour); an exit line
+/// without its duration.
+pub(super) fn plugin_line(line: &str) -> Option<String> {
+    let (_, rest) = line.split_once(": ").unwrap_or(("", line));
+    let body = rest.split_once(": ").map_or(rest, |(_, b)| b);
+    if body.starts_with("waited N.N ms on ") || body == "done in N.N ms" {
+        return None;
+    }
+    let mut out = line.to_owned();
+    if let Some(at) = out.find("cuda_plugin: cuda_plugin ") {
+        let from = at + "cuda_plugin: ".len();
+        let version_end = out[from + "cuda_plugin ".len()..]
+            .find(": ")
+            .map(|e| from + "cuda_plugin ".len() + e);
+        if let Some(end) = version_end {
+            let version = &out[from + "cuda_plugin ".len()..end];
+            if !version.is_empty() && version.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                out.replace_range(from..end + 2, "");
+            }
+        }
+    }
+    if let Some(at) = out.find(") after N.N ms") {
+        if out[..at].contains("cuda_plugin: exit(") && out.len() == at + ") after N.N ms".len() {
+            out.truncate(at + 1);
+        }
+    }
+    Some(out)
 }
 
 /// Whether a number between `before` and `after` (the text around it) is a value that is never
@@ -434,6 +481,60 @@ mod tests {
                 "guardian cuCheckpointProcessUnlock(pid=g0) = CUDA_SUCCESS",
             ]
         );
+    }
+
+    #[test]
+    fn only_successful_start_up_calls_of_finished_utility_runs_are_folded() {
+        for folded in [
+            "cuda-checkpoint cuDriverGetVersion() = CUDA_SUCCESS",
+            "cuda-checkpoint cuGetExportTable(id=GPU-69a28e9f) = CUDA_SUCCESS",
+            "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
+        ] {
+            assert!(is_handshake(folded), "{folded}");
+        }
+        for kept in [
+            "cuda-checkpoint cuInit(flags=0) = CUDA_ERROR_NO_DEVICE",
+            "other cuInit(flags=0) = CUDA_SUCCESS",
+            "guardian cuInit(flags=0) = CUDA_SUCCESS",
+            "cuda-checkpoint cuCheckpointProcessLock(pid=root, timeoutMs=0) = CUDA_SUCCESS",
+            "cuda-checkpoint cuda-checkpoint(--get-state --pid root) = exit=0",
+        ] {
+            assert!(!is_handshake(kept), "{kept}");
+        }
+    }
+
+    #[test]
+    fn plugin_lines_keep_what_happened_and_drop_how_long() {
+        for dropped in [
+            "cuda_plugin: PAUSE_DEVICES pid root: waited N.N ms on cuda-checkpoint, N.N ms on restore-thread control",
+            "cuda_plugin: CHECKPOINT_DEVICES pid gpu: done in N.N ms",
+        ] {
+            assert_eq!(plugin_line(dropped), None, "{dropped}");
+        }
+        for (line, want) in [
+            (
+                "cuda_plugin: cuda_plugin 0.2.0: init(dump), max_hooks 12",
+                "cuda_plugin: init(dump), max_hooks 12",
+            ),
+            (
+                "cuda_plugin: exit(dump, -1) after N.N ms",
+                "cuda_plugin: exit(dump, -1)",
+            ),
+            (
+                "cuda_plugin: CHECKPOINT_DEVICES pid root: deadline N.N s for 0.0 GiB (its GPU memory)",
+                "cuda_plugin: CHECKPOINT_DEVICES pid root: deadline N.N s for 0.0 GiB (its GPU memory)",
+            ),
+            (
+                "cuda_plugin: dump finish: waited N.N ms for a timed-out driver call to end",
+                "cuda_plugin: dump finish: waited N.N ms for a timed-out driver call to end",
+            ),
+            (
+                "cuda_plugin: cuda_plugin is not loaded: x",
+                "cuda_plugin: cuda_plugin is not loaded: x",
+            ),
+        ] {
+            assert_eq!(plugin_line(line).as_deref(), Some(want), "{line}");
+        }
     }
 
     #[test]

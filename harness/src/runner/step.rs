@@ -496,6 +496,10 @@ impl Exec<'_> {
             .filter_map(|l| l.find("cuda_plugin: ").map(|at| &l[at..]))
             .map(|l| self.normalise(l))
             .collect();
+        let plugin_lines: Vec<String> = plugin_lines
+            .iter()
+            .filter_map(|l| normalise::plugin_line(l))
+            .collect();
         if !plugin_lines.is_empty() {
             self.transcript.push_str("-- plugin log\n");
             for l in &plugin_lines {
