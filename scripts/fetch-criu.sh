@@ -189,10 +189,11 @@ smoke() {
 
 # ------------------------------------------------------------ CRIU's C plugin
 
-# Packages the partial build of plugins/cuda needs (none of criu's library Build-Depends:
-# only CRIU's headers, compel's host tool and the plugin itself are built), what
-# `apt-get source` needs to unpack a source package, and readelf to check the result.
-c_plugin_packages=(gcc make libc6-dev pkgconf dpkg-dev xz-utils binutils)
+# Packages the partial build of plugins/cuda needs (only CRIU's headers, compel's host tool
+# and the plugin itself are built, so of criu's library Build-Depends only libcap-dev, for the
+# <sys/capability.h> that criu/include/cr_options.h includes), what `apt-get source` needs to
+# unpack a source package, and readelf to check the result.
+c_plugin_packages=(gcc make libc6-dev libcap-dev pkgconf dpkg-dev xz-utils binutils)
 
 # install_build_packages: install the missing ones with the system's apt-get, as .ci/run
 # does (only this step touches the system, and only to add these packages).
