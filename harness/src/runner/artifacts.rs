@@ -1,4 +1,5 @@
-//! Locating the built executables and libraries a scenario needs (building them when stale).
+//! Locating the built executables and libraries a scenario needs (building them when missing
+//! or older than their sources).
 
 use super::*;
 
@@ -27,6 +28,18 @@ fn mtime(p: &Path) -> Option<SystemTime> {
     std::fs::metadata(p).ok()?.modified().ok()
 }
 
+/// The newest modification time of the files under `p` (recursively), or of `p` itself.
+fn newest(p: &Path) -> Option<SystemTime> {
+    let meta = std::fs::metadata(p).ok()?;
+    if !meta.is_dir() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(p)
+        .ok()?
+        .filter_map(|e| newest(&e.ok()?.path()))
+        .max()
+}
+
 /// The newer of `<profile>/<name>` and `<profile>/deps/<name>` (`cargo test` refreshes `deps/`
 /// only).
 fn newest_lib(profile: &Path, name: &str) -> PathBuf {
@@ -41,8 +54,8 @@ fn newest_lib(profile: &Path, name: &str) -> PathBuf {
 
 impl Artifacts {
     /// The artifacts of the target profile directory `profile` (e.g. `target/debug`), with the
-    /// `harness` front-end `harness`. When one is missing, `$CARGO build` (or `cargo`) builds the
-    /// packages that provide them, once per process.
+    /// `harness` front-end `harness`. When one is missing or older than the workspace's sources,
+    /// `$CARGO build` (or `cargo`) builds the packages that provide them, once per process.
     ///
     /// # Errors
     /// A build that fails or an artifact still missing after it.
@@ -62,7 +75,7 @@ impl Artifacts {
             workspace: workspace.clone(),
         };
         let a = make();
-        if a.missing().is_none() {
+        if a.missing().is_none() && !a.stale() {
             return Ok(a);
         }
         static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
@@ -72,6 +85,40 @@ impl Artifacts {
             None => Ok(a),
             Some(p) => Err(format!("{} is missing after the build", p.display())),
         }
+    }
+
+    /// Whether an artifact is older than the newest source of the crates that build them (a
+    /// plugin edited since the last build would otherwise be tested as it was). False where the
+    /// sources cannot be read (an installed harness without its workspace).
+    fn stale(&self) -> bool {
+        let sources = [
+            "Cargo.lock",
+            "abi/src",
+            "plugin/src",
+            "mock-cuda-world/src",
+            "mock-libcuda/src",
+            "mock-nvml/src",
+            "fake-cuda-checkpoint/src",
+            "harness/src",
+        ];
+        let Some(newest_source) = sources
+            .iter()
+            .filter_map(|s| newest(&self.workspace.join(s)))
+            .max()
+        else {
+            return false;
+        };
+        [
+            &self.harness,
+            &self.plugin,
+            &self.mock_lib,
+            &self.mock_nvml,
+            &self.mock_world,
+            &self.mock_app,
+            &self.cuda_checkpoint,
+        ]
+        .into_iter()
+        .any(|p| mtime(p).is_none_or(|t| t < newest_source))
     }
 
     fn missing(&self) -> Option<&Path> {
