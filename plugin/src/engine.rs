@@ -26,6 +26,7 @@ use crate::backend::{
 };
 use crate::host::{FreezeAlarm, Host, HostError, Level};
 use crate::image::{ImageError, TaskImage};
+use crate::message::Report;
 use crate::options::RestoreFailure;
 use crate::thread::{ThreadControl, ThreadError};
 use crate::timing::{Spent, SpentTimes, TimedBackend, TimedThreads};
@@ -64,19 +65,24 @@ pub enum Outcome {
     NotMine,
 }
 
-/// A lifecycle failure.
+/// A lifecycle failure. A variant with a `cause` keeps it as its [`source`](std::error::Error::source)
+/// and says only where it happened; [`crate::message::Report`] writes the whole message (the
+/// backend's own message names the pid, so a backend failure reads `STEP: failed to OP pid P
+/// via BACKEND: …`, the pid once).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("{step} pid {pid}: {cause}")]
+    #[error("{step}")]
     Backend {
         step: Step,
         pid: Pid,
+        #[source]
         cause: BackendError,
     },
-    #[error("{step} pid {pid}: {cause}")]
+    #[error("{step} pid {pid}")]
     Thread {
         step: Step,
         pid: Pid,
+        #[source]
         cause: ThreadError,
     },
     #[error("{step} pid {pid}: the CUDA state is {state}, which cannot be checkpointed")]
@@ -96,8 +102,8 @@ pub enum EngineError {
         cause: Option<BackendError>,
     },
     #[error(
-        "PAUSE_DEVICES pid {pid}: another tool locked the task while the dump was starting \
-         ({cause}; its state is now {state}); that lock is not ours and is left alone"
+        "PAUSE_DEVICES: another tool locked the task while the dump was starting ({cause}; its \
+         state is now {state}); that lock is not ours and is left alone"
     )]
     ForeignLock {
         pid: Pid,
@@ -119,21 +125,31 @@ pub enum EngineError {
         crate::nvml::gib(*available)
     )]
     HostTooSmall { pid: Pid, need: u64, available: u64 },
-    #[error("CHECKPOINT_DEVICES pid {pid}: failed to add cuda_plugin to the inventory: {cause}")]
-    Inventory { pid: Pid, cause: HostError },
-    #[error("{step} pid {pid}: task image: {cause}")]
+    #[error("CHECKPOINT_DEVICES pid {pid}: failed to add cuda_plugin to the inventory")]
+    Inventory {
+        pid: Pid,
+        #[source]
+        cause: HostError,
+    },
+    #[error("{step} pid {pid}: task image")]
     ImageIo {
         step: Step,
         pid: Pid,
+        #[source]
         cause: HostError,
     },
-    #[error("CHECKPOINT_DEVICES pid {pid}: {cause}")]
+    #[error("CHECKPOINT_DEVICES pid {pid}")]
     GpuInventory {
         pid: Pid,
+        #[source]
         cause: crate::inventory::InventoryError,
     },
-    #[error("RESUME_DEVICES_LATE pid {pid}: task image {}: {cause}", crate::image::file_name(*pid))]
-    ImageFormat { pid: Pid, cause: ImageError },
+    #[error("RESUME_DEVICES_LATE pid {pid}: task image {}", crate::image::file_name(*pid))]
+    ImageFormat {
+        pid: Pid,
+        #[source]
+        cause: ImageError,
+    },
     #[error(
         "RESUME_DEVICES_LATE pid {pid}: the dump recorded CUDA state for this task, but the \
          driver knows no CUDA restore thread for it now"
@@ -141,6 +157,25 @@ pub enum EngineError {
     NoRestoreThread { pid: Pid },
     #[error("dump finish: {} task(s) could not be put back in their initial CUDA state: pids {pids:?}", pids.len())]
     RollbackIncomplete { pids: Vec<Pid> },
+}
+
+impl crate::message::Caused for EngineError {
+    fn caused_by(&self) -> Option<&dyn std::fmt::Display> {
+        match self {
+            Self::Backend { cause, .. } => Some(cause),
+            Self::Thread { cause, .. } => Some(cause),
+            Self::Inventory { cause, .. } | Self::ImageIo { cause, .. } => Some(cause),
+            Self::GpuInventory { cause, .. } => Some(cause),
+            Self::ImageFormat { cause, .. } => Some(cause),
+            Self::BadState { .. }
+            | Self::FreezeTimeout { .. }
+            | Self::ForeignLock { .. }
+            | Self::Stopped { .. }
+            | Self::HostTooSmall { .. }
+            | Self::NoRestoreThread { .. }
+            | Self::RollbackIncomplete { .. } => None,
+        }
+    }
 }
 
 fn freeze_timeout_message(
@@ -153,19 +188,29 @@ fn freeze_timeout_message(
         || "CRIU's freezing timeout (--timeout)".to_owned(),
         |t| format!("CRIU's freezing timeout (--timeout {t} s)"),
     );
-    let what = match (left, cause) {
-        (None, _) => format!("{timeout} has already expired; not locking the task"),
-        (Some(l), None) => format!(
-            "only {} ms are left of {timeout}, too little to lock the task",
-            l.as_millis()
+    // The lock's failure, when quoted, names the pid itself.
+    let (task, what) = match (left, cause) {
+        (None, _) => (
+            format!(" pid {pid}"),
+            format!("{timeout} has already expired; not locking the task"),
         ),
-        (Some(l), Some(c)) => format!(
-            "the lock did not finish within the {} ms left of {timeout} ({c})",
-            l.as_millis()
+        (Some(l), None) => (
+            format!(" pid {pid}"),
+            format!(
+                "only {} ms are left of {timeout}, too little to lock the task",
+                l.as_millis()
+            ),
+        ),
+        (Some(l), Some(c)) => (
+            String::new(),
+            format!(
+                "the lock did not finish within the {} ms left of {timeout} ({c})",
+                l.as_millis()
+            ),
         ),
     };
     format!(
-        "PAUSE_DEVICES pid {pid}: {what}; every CUDA task of the tree must be locked and frozen \
+        "PAUSE_DEVICES{task}: {what}; every CUDA task of the tree must be locked and frozen \
          within that timeout: raise it (criu dump --timeout SECONDS), or find out what keeps \
          the task's CUDA work from finishing"
     )
@@ -1138,7 +1183,7 @@ impl Engine {
             Ok(())
         } else {
             let e = EngineError::RollbackIncomplete { pids: failed };
-            self.log(Level::Error, &e.to_string());
+            self.log(Level::Error, &Report(&e).to_string());
             Err(e)
         }
     }
@@ -1175,7 +1220,10 @@ impl Engine {
                 );
             }
             Err(e) => {
-                self.log(Level::Error, &format!("{e}; the task is left as it is"));
+                self.log(
+                    Level::Error,
+                    &format!("{}; the task is left as it is", Report(&e)),
+                );
                 return false;
             }
         }
@@ -1307,7 +1355,7 @@ impl Engine {
                          (cuda_plugin.on-restore-failure=kill): its GPU state could not be \
                          restored ({}), and this CRIU releases a task whatever this hook \
                          returns; the images are intact, so the restore can be retried",
-                        crate::message::quote(&e.to_string())
+                        crate::message::quote(&Report(e).to_string())
                     ),
                 ),
                 Err(k) => self.log(

@@ -122,6 +122,15 @@ impl PluginError {
     }
 }
 
+impl crate::message::Caused for PluginError {
+    fn caused_by(&self) -> Option<&dyn std::fmt::Display> {
+        match self {
+            Self::Engine(e) => e.caused_by(),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,9 +151,11 @@ mod tests {
             },
         });
         assert_eq!(t.to_errno(), -libc::ETIMEDOUT);
+        // The cause is the error's source, and its message names the pid: once.
+        assert_eq!(t.to_string(), "PAUSE_DEVICES");
         assert_eq!(
-            t.to_string(),
-            "PAUSE_DEVICES pid 1: failed to lock pid 1 via cuda-checkpoint: timed out after 1s"
+            crate::message::Report(&t).to_string(),
+            "PAUSE_DEVICES: failed to lock pid 1 via cuda-checkpoint: timed out after 1s"
         );
         let p = PluginError::Engine(EngineError::Thread {
             step: Step::Checkpoint,
@@ -162,5 +173,97 @@ mod tests {
         );
         let o = PluginError::Option(OptionError::Unknown { name: "x".into() });
         assert_eq!(o.to_errno(), -libc::EINVAL);
+    }
+
+    /// Every error of the engine, with each kind of cause it keeps.
+    fn engine_errors() -> Vec<EngineError> {
+        let backend = || BackendError::Timeout {
+            backend: BackendKind::DriverApi,
+            op: Op::Checkpoint,
+            pid: 4242,
+            after: Duration::from_secs(3),
+        };
+        let host = || HostError::Failed {
+            service: "open_image",
+        };
+        vec![
+            EngineError::Backend {
+                step: Step::Checkpoint,
+                pid: 4242,
+                cause: backend(),
+            },
+            EngineError::Thread {
+                step: Step::Resume,
+                pid: 4242,
+                cause: ThreadError::Ptrace {
+                    step: "seize",
+                    tid: 8,
+                    errno: libc::EPERM,
+                },
+            },
+            EngineError::Inventory {
+                pid: 4242,
+                cause: host(),
+            },
+            EngineError::ImageIo {
+                step: Step::Checkpoint,
+                pid: 4242,
+                cause: host(),
+            },
+            EngineError::GpuInventory {
+                pid: 4242,
+                cause: InventoryError::Version { found: 9 },
+            },
+            EngineError::ImageFormat {
+                pid: 4242,
+                cause: ImageError::NotText,
+            },
+            EngineError::ForeignLock {
+                pid: 4242,
+                state: "locked".into(),
+                cause: backend(),
+            },
+            EngineError::FreezeTimeout {
+                pid: 4242,
+                criu_timeout: Some(10),
+                left: Some(Duration::from_millis(900)),
+                cause: Some(backend()),
+            },
+            EngineError::FreezeTimeout {
+                pid: 4242,
+                criu_timeout: None,
+                left: None,
+                cause: None,
+            },
+            EngineError::NoRestoreThread { pid: 4242 },
+            EngineError::RollbackIncomplete { pids: vec![4242] },
+        ]
+    }
+
+    /// `Report` (what the log shows) and `source()` (what a Rust caller walks) tell one story:
+    /// the cause `Report` appends is exactly the error's source, and no message says it twice.
+    #[test]
+    fn report_follows_the_source_chain() {
+        use crate::message::{Caused, Report};
+        use std::error::Error;
+        for e in engine_errors() {
+            let by_source = e.source().map(ToString::to_string);
+            let by_cause = e.caused_by().map(ToString::to_string);
+            assert_eq!(by_source, by_cause, "{e:?}");
+            let r = Report(&e).to_string();
+            match &by_source {
+                Some(c) => assert_eq!(r, format!("{e}: {c}")),
+                None => assert_eq!(r, e.to_string()),
+            }
+            // (An image's file name carries the pid too; that names the file, not the task.)
+            let named = r.matches("pid 4242").count() + r.matches("pids [4242]").count();
+            assert_eq!(named, 1, "the pid once in {r:?}");
+            let p = PluginError::from(e);
+            assert_eq!(
+                Report(&p).to_string(),
+                r,
+                "PluginError::Engine reads the same"
+            );
+        }
     }
 }

@@ -90,6 +90,32 @@ mod tests {
     }
 }
 
+/// An error that keeps its cause apart from its own message (as its
+/// [`source`](std::error::Error::source)), and hands the cause's text to [`Report`].
+///
+/// This is the log's view of the source chain without `dyn Error`: a `dyn Error` vtable
+/// carries each error type's `Debug` impl, which the plugin never prints, and those cost the
+/// shipped `.so` about 19 KB (its size is capped, `scripts/check-dist.sh`). Each impl must
+/// agree with the type's `source()`; `crate::error`'s tests check them against each other.
+pub trait Caused: std::fmt::Display {
+    /// The cause, when this error keeps one as its source; its message follows the error's.
+    fn caused_by(&self) -> Option<&dyn std::fmt::Display>;
+}
+
+/// An error with its cause, as the plugin logs it: the error's message (which says where it
+/// happened), then `: ` and the cause's message (which says what failed and why).
+#[derive(Debug)]
+pub struct Report<'a, E: ?Sized>(pub &'a E);
+
+impl<E: Caused + ?Sized> std::fmt::Display for Report<'_, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.caused_by() {
+            Some(cause) => write!(f, "{}: {cause}", self.0),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
 /// A number shown with one decimal (as `{:.1}` would), by integer arithmetic: the plugin keeps
 /// the standard library's float formatting (about 15 KB) out of its binary.
 #[derive(Debug, Clone, Copy, PartialEq)]

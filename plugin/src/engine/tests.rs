@@ -736,7 +736,7 @@ fn a_fault_at_any_step_leaves_every_task_as_found() {
                 let restop_fault = name.starts_with("Restop");
                 assert_eq!(ret, -1, "{case}: the dump must fail");
                 let err = err.expect("an error is reported");
-                let msg = err.to_string();
+                let msg = Report(&err).to_string();
                 assert!(
                     msg.contains("pid 10") || msg.contains("inventory"),
                     "{case}: {msg}"
@@ -799,11 +799,12 @@ fn a_fault_during_rollback_is_reported_and_other_tasks_still_recover() {
     // Call n is CHECKPOINT 101's resume; n+1 its checkpoint.
     w.lock().unwrap().fault_at = Some((n + 1, FaultKind::Error));
     let err = e.checkpoint_devices(101).unwrap_err();
+    let msg = Report(&err).to_string();
     assert!(
-        err.to_string().contains("CHECKPOINT_DEVICES pid 101"),
-        "{err}"
+        msg.starts_with("CHECKPOINT_DEVICES: failed to checkpoint pid 101 via "),
+        "{msg}"
     );
-    assert!(err.to_string().contains("CUDA_ERROR_UNKNOWN"), "{err}");
+    assert!(msg.contains("CUDA_ERROR_UNKNOWN"), "{msg}");
     // Rollback: the settle for abandoned calls, the settle before 100, 100's resume, then its
     // state query fails.
     let n = w.lock().unwrap().calls.len();
@@ -948,8 +949,10 @@ fn resume_failures_are_errors_and_the_thread_is_stopped_again() {
         let (w, mut e) = restored_world([CUprocessState::RUNNING; 2], true);
         w.lock().unwrap().fault_at = Some((k, FaultKind::Error));
         let err = e.resume_devices_late(100).unwrap_err();
-        let m = err.to_string();
-        assert!(m.starts_with("RESUME_DEVICES_LATE pid 100"), "{m}");
+        let m = Report(&err).to_string();
+        assert!(m.starts_with("RESUME_DEVICES_LATE: failed to "), "{m}");
+        assert!(m.contains("pid 100"), "{m}");
+        assert_eq!(m.matches("pid 100").count(), 1, "the pid once: {m}");
         assert!(m.contains(&what.to_lowercase()), "{m}");
         assert!(!any_thread_running(&w), "{what}: thread stopped again");
     }

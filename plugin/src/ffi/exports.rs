@@ -27,7 +27,7 @@ use crate::env::Environment;
 use crate::error::PluginError;
 use crate::hooks::{self, MaxHooks};
 use crate::host::Level;
-use crate::message::Tenths;
+use crate::message::{Report, Tenths};
 use crate::select::Selected;
 use crate::session::{self, InitContext, InitServices, InventoryAnswer, Start};
 use crate::worker::Worker;
@@ -485,7 +485,10 @@ fn init(stage: Stage) -> c_int {
         }
         Err(e) => {
             finish_helper(services.access.link.as_ref(), FinishMode::Done);
-            log(Level::Error, &format!("init({}) failed: {e}", stage.name()));
+            log(
+                Level::Error,
+                &format!("init({}) failed: {}", stage.name(), Report(&e)),
+            );
             e.to_errno()
         }
     }
@@ -550,7 +553,10 @@ fn per_task(
             -libc::ENOTSUP
         }
         Err(e) => {
-            log(Level::Error, &format!("{e} (after {} ms)", Tenths(ms)));
+            log(
+                Level::Error,
+                &format!("{} (after {} ms)", Report(&e), Tenths(ms)),
+            );
             PluginError::from(e).to_errno()
         }
     }
