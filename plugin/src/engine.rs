@@ -198,14 +198,14 @@ fn freeze_timeout_message(
             format!(" pid {pid}"),
             format!(
                 "only {} ms are left of {timeout}, too little to lock the task",
-                l.as_millis()
+                crate::message::millis(l)
             ),
         ),
         (Some(l), Some(c)) => (
             String::new(),
             format!(
                 "the lock did not finish within the {} ms left of {timeout} ({c})",
-                l.as_millis()
+                crate::message::millis(l)
             ),
         ),
     };
@@ -864,8 +864,8 @@ impl Engine {
                         Level::Debug,
                         &format!(
                             "pid {pid}: lock limited to {} ms by CRIU's freeze alarm ({} ms left)",
-                            window.as_millis(),
-                            left.as_millis()
+                            crate::message::millis(window),
+                            crate::message::millis(left)
                         ),
                     );
                 }
@@ -1003,7 +1003,7 @@ impl Engine {
             let (job, resumed) = self.start_checkpoint(i)?;
             let started = std::time::Instant::now();
             let done = self.backend.checkpoint(pid, job.deadline);
-            checkpoint_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+            checkpoint_ms = Some(crate::message::millis(started.elapsed()));
             let stopped = self.threads.restop(resumed);
             done.map_err(|cause| EngineError::Backend { step, pid, cause })?;
             stopped.map_err(|cause| EngineError::Thread { step, pid, cause })?;
@@ -1101,7 +1101,7 @@ impl Engine {
             let r = r
                 .map_err(|cause| EngineError::Backend { step, pid, cause })
                 .and_then(|()| stopped.map_err(|cause| EngineError::Thread { step, pid, cause }))
-                .map(|()| u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+                .map(|()| crate::message::millis(took));
             results.push((pid, r));
         }
         results
@@ -1255,8 +1255,8 @@ impl Engine {
                 Level::Error,
                 &format!(
                     "dump finish: a timed-out driver call is still blocked after another \
-                     {:?}; putting the tasks back without waiting for it",
-                    t.elapsed()
+                     {}; putting the tasks back without waiting for it",
+                    crate::message::Span(t.elapsed())
                 ),
             );
         }
@@ -1523,7 +1523,7 @@ impl Engine {
     }
 
     /// Logs a restored task and tells the guardian it is in its final state.
-    fn resumed_log(&mut self, plan: &ResumePlan, restore_ms: u128) {
+    fn resumed_log(&mut self, plan: &ResumePlan, restore_ms: u64) {
         let pid = plan.pid;
         let size = match (plan.bytes, plan.checkpoint_ms) {
             (Some(b), Some(c)) => format!(
@@ -1560,7 +1560,7 @@ impl Engine {
         let started = std::time::Instant::now();
         let pairs = self.cfg.pairs.clone();
         let mut done = self.backend.restore(pid, &pairs, plan.deadline).map_err(be);
-        let restore_ms = started.elapsed().as_millis();
+        let restore_ms = crate::message::millis(started.elapsed());
         if done.is_ok() && plan.initial == CUprocessState::RUNNING {
             done = self.backend.unlock(pid).map_err(be);
         }
@@ -1620,9 +1620,9 @@ impl Engine {
         );
         let pairs = self.cfg.pairs.clone();
         let restored = self.backend.restore_many(&jobs, &pairs, width);
-        let mut outcome: Vec<(Result<(), BackendError>, u128)> = restored
+        let mut outcome: Vec<(Result<(), BackendError>, u64)> = restored
             .into_iter()
-            .map(|(r, took)| (r, took.as_millis()))
+            .map(|(r, took)| (r, crate::message::millis(took)))
             .collect();
         let unlock: Vec<usize> = (0..running.len())
             .filter(|&k| outcome[k].0.is_ok() && running[k].0.initial == CUprocessState::RUNNING)

@@ -136,6 +136,41 @@ impl std::fmt::Display for Tenths {
     }
 }
 
+/// Whole milliseconds of `d` as a `u64` (saturating): `Duration::as_millis` is a `u128`, whose
+/// formatter costs the plugin's binary over 1 KB.
+pub fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A duration shown as `{:?}` shows it (`1.5s`, `250ms`, `12.5µs`), by integer arithmetic: the
+/// standard library's `Debug` for `Duration` costs the plugin's binary about 2 KB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span(pub std::time::Duration);
+
+impl std::fmt::Display for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
+        let (whole, mut frac, mut width, unit) = if secs > 0 {
+            (secs, nanos, 9, "s")
+        } else if nanos >= 1_000_000 {
+            (u64::from(nanos / 1_000_000), nanos % 1_000_000, 6, "ms")
+        } else if nanos >= 1_000 {
+            (u64::from(nanos / 1_000), nanos % 1_000, 3, "\u{b5}s")
+        } else {
+            (u64::from(nanos), 0, 0, "ns")
+        };
+        write!(f, "{whole}")?;
+        if frac != 0 {
+            while frac % 10 == 0 {
+                frac /= 10;
+                width -= 1;
+            }
+            write!(f, ".{frac:0width$}")?;
+        }
+        f.write_str(unit)
+    }
+}
+
 #[cfg(test)]
 mod tenths_tests {
     use super::Tenths;
@@ -165,6 +200,42 @@ mod tenths_tests {
             // A tie (x.x5) may round either way; elsewhere both must agree.
             proptest::prop_assume!((tenths - tenths.floor() - 0.5).abs() > 1e-6);
             proptest::prop_assert_eq!(Tenths(x).to_string(), format!("{x:.1}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod span_tests {
+    use super::Span;
+    use std::time::Duration;
+
+    #[test]
+    fn like_the_debug_formatter() {
+        for (d, want) in [
+            (Duration::ZERO, "0ns"),
+            (Duration::from_nanos(7), "7ns"),
+            (Duration::from_nanos(12_500), "12.5\u{b5}s"),
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_micros(1_005), "1.005ms"),
+            (Duration::from_millis(1_500), "1.5s"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::new(3, 1), "3.000000001s"),
+        ] {
+            assert_eq!(Span(d).to_string(), want, "{d:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn matches_debug_for_any_duration(s in 0u64..1u64 << 40, n in 0u32..1_000_000_000) {
+            let d = Duration::new(s, n);
+            proptest::prop_assert_eq!(Span(d).to_string(), format!("{d:?}"));
+        }
+
+        #[test]
+        fn matches_debug_below_a_second(n in 0u32..1_000_000_000) {
+            let d = Duration::from_nanos(u64::from(n));
+            proptest::prop_assert_eq!(Span(d).to_string(), format!("{d:?}"));
         }
     }
 }

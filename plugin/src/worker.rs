@@ -33,7 +33,7 @@ pub type AbandonHook = Arc<dyn Fn() + Send + Sync>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {
     /// The call overran its deadline and was abandoned.
-    #[error("timed out after {after:?}")]
+    #[error("timed out after {}", crate::message::Span(*after))]
     TimedOut { after: Duration },
     /// An earlier call is still blocked; this one was not started.
     #[error("an earlier driver call ({blocked}) timed out and is still blocked")]

@@ -139,7 +139,10 @@ impl Link {
                 return Err(format!("the helper process failed to start: {g}"));
             }
             if left.is_zero() {
-                return Err(format!("the helper process did not start within {limit:?}"));
+                return Err(format!(
+                    "the helper process did not start within {}",
+                    crate::message::Span(limit)
+                ));
             }
             st.pump(Some(left));
         }
@@ -184,7 +187,7 @@ impl Link {
         }
         let msg = ToAgent::Call {
             id,
-            deadline_ms: deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            deadline_ms: deadline.map(crate::message::millis),
             call,
         };
         st.send(&msg, NOTE_LIMIT).map_err(CallError::Lost)?;
@@ -292,7 +295,8 @@ impl Link {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(format!(
-                    "the helper process did not exit within {FINISH_LIMIT:?} of being told to"
+                    "the helper process did not exit within {} of being told to",
+                    crate::message::Span(FINISH_LIMIT)
                 ));
             }
             st.pump(Some(left));

@@ -308,9 +308,10 @@ pub fn after_criu(e: Ending) -> i32 {
             log.line(
                 true,
                 &format!(
-                    "pid {pid}: still traced after {UNTRACE_LIMIT:?}; left as it is (run \
+                    "pid {pid}: still traced after {}; left as it is (run \
                      cuda-checkpoint --action restore, then --action unlock, --pid {pid} once \
-                     it is free)"
+                     it is free)",
+                    crate::message::Span(UNTRACE_LIMIT)
                 ),
             );
             continue;
@@ -454,7 +455,7 @@ fn put_back(
     let mut steps = Vec::new();
     let started = Instant::now();
     let r = drive(backend, pid, target, &pairs, &mut || deadline, &mut steps);
-    let ms = started.elapsed().as_millis();
+    let ms = crate::message::millis(started.elapsed());
     let did = if steps.is_empty() {
         "nothing to do".to_owned()
     } else {

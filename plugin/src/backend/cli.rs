@@ -47,11 +47,12 @@ pub struct RunOutput {
 pub enum RunError {
     #[error("cannot start it: {0}")]
     Spawn(#[source] std::io::Error),
-    #[error("timed out after {0:?}; killed it and its process group")]
+    #[error("timed out after {}; killed it and its process group", crate::message::Span(*.0))]
     TimedOut(Duration),
     #[error(
-        "it exited ({status}) but its output stayed open {waited:?} longer (a process it started \
-         still holds it); killed its process group"
+        "it exited ({status}) but its output stayed open {} longer (a process it started \
+         still holds it); killed its process group",
+        crate::message::Span(*waited)
     )]
     OutputHeld { status: ExitInfo, waited: Duration },
     #[error("cannot wait for it: {0}")]
@@ -381,9 +382,11 @@ pub fn probe_cli(
         },
     };
     match runner.run(&program, &["-h".to_owned()], timeout) {
-        Err(RunError::TimedOut(d)) => {
-            CliProbe::Error(format!("`{} -h` timed out after {d:?}", program.display()))
-        }
+        Err(RunError::TimedOut(d)) => CliProbe::Error(format!(
+            "`{} -h` timed out after {}",
+            program.display(),
+            crate::message::Span(d)
+        )),
         Err(e) => CliProbe::Unsupported(format!("cannot run `{} -h`: {e}", program.display())),
         Ok(out)
             if out.status != ExitInfo::Code(0) && out.output.contains("unrecognized option") =>

@@ -157,7 +157,7 @@ pub enum BackendError {
         pid: Pid,
         code: CUresult,
     },
-    #[error("failed to {op} pid {pid} via {backend}: timed out after {after:?}")]
+    #[error("failed to {op} pid {pid} via {backend}: timed out after {}", crate::message::Span(*after))]
     Timeout {
         backend: BackendKind,
         op: Op,
@@ -184,7 +184,7 @@ pub enum BackendError {
         pid: Pid,
         output: String,
     },
-    #[error("failed to {op} pid {pid} via cuda-checkpoint: it exited ({status}) but its output stayed open {waited:?} longer (a process it started still holds it); killed its process group")]
+    #[error("failed to {op} pid {pid} via cuda-checkpoint: it exited ({status}) but its output stayed open {} longer (a process it started still holds it); killed its process group", crate::message::Span(*waited))]
     OutputHeld {
         op: Op,
         pid: Pid,

@@ -443,10 +443,7 @@ fn init(stage: Stage) -> c_int {
                             device_map: *device_map,
                         },
                     },
-                    timeout_ms: plan
-                        .cfg
-                        .timeout
-                        .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+                    timeout_ms: plan.cfg.timeout.map(crate::message::millis),
                     copy_rate: plan.cfg.copy_rate(),
                     kill_on_restore_failure: plan.cfg.on_restore_failure
                         == crate::options::RestoreFailure::Kill,
