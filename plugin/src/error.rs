@@ -25,7 +25,7 @@ pub enum PluginError {
     #[error("cuda_plugin.device-map is a restore option; it was given to a {0}")]
     MapOnDump(&'static str),
     #[error("cannot enumerate the GPUs of this host to map the checkpointed ones: {0}")]
-    Gpus(String),
+    Gpus(crate::machine::GpuError),
     #[error(transparent)]
     Select(#[from] SelectError),
     #[error(transparent)]
@@ -33,7 +33,7 @@ pub enum PluginError {
     #[error("the image needs cuda_plugin but {0}")]
     RestoreImpossible(String),
     #[error("cannot claim cuda_plugin in the image inventory: {0}")]
-    Inventory(String),
+    Inventory(HostError),
     #[error("restore: {0}")]
     ImageRead(HostError),
     #[error("restore: image {name}: {cause}")]

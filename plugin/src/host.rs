@@ -1,9 +1,10 @@
-//! What the lifecycle engine needs from CRIU, as a trait: logging, the image inventory, and the
-//! per-task image files. The real implementation ([`crate::ffi::criu::CriuHost`]) calls CRIU's
-//! services found with `dlsym`; tests use a recording fake.
+//! What the plugin needs from CRIU, as one trait for `init` and the lifecycle engine alike
+//! ([`Criu`]: logging, the image inventory, the image files, the freeze alarm), and [`Host`],
+//! CRIU's services together with the machine's ([`crate::machine::Machine`]: GPUs, memory, the
+//! process tree). The real implementation ([`crate::ffi::criu::CriuHost`]) calls CRIU's
+//! services found with `dlsym`; tests use recording fakes.
 
 use crate::backend::Pid;
-use crate::inventory::GpuInfo;
 use std::fmt;
 
 /// A log level (CRIU's `print_on_level` levels).
@@ -41,6 +42,19 @@ impl fmt::Display for Level {
     }
 }
 
+/// What the inventory says about `cuda_plugin` at restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InventoryAnswer {
+    NotListed,
+    /// Listed; `consumed` when the only available query also removed the entry (CRIU 4.1's
+    /// destructive `check_and_remove_inventory_plugin`).
+    Listed {
+        consumed: bool,
+    },
+    /// The host has no inventory service; assume listed.
+    Unknown(String),
+}
+
 /// A failed host service.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -48,6 +62,8 @@ pub enum HostError {
     Missing(&'static str),
     #[error("{service} failed")]
     Failed { service: &'static str },
+    #[error("{service}(\"cuda_plugin\") found no entry")]
+    NoEntry { service: &'static str },
     #[error("{what} {name}: {source}")]
     Io {
         what: &'static str,
@@ -75,32 +91,33 @@ pub enum FreezeAlarm {
     Expired,
 }
 
-/// CRIU's services, as the engine uses them.
-pub trait Host: Send {
+/// CRIU's services, as `init` and the engine use them.
+pub trait Criu: Send {
     /// Logs one line (the implementation adds the `cuda_plugin: ` prefix).
     fn log(&self, level: Level, msg: &str);
     /// `add_inventory_plugin("cuda_plugin")`. The engine calls it at most once per dump.
     fn add_inventory_entry(&mut self) -> Result<(), HostError>;
+    /// Whether the dump's inventory lists `cuda_plugin` (restore's `init`).
+    fn inventory_query(&mut self) -> InventoryAnswer;
+    /// Removes the (exactly matching) inventory entry.
+    fn inventory_consume(&mut self) -> Result<(), HostError>;
+    /// The image file `name` of the dump, at most `limit` bytes (`None`: there is none).
+    fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError>;
     /// Writes the per-task image of `pid` (whole file, once).
     fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError>;
     /// Writes the dump's task list (whole file, once per dump).
     fn write_task_list(&mut self, data: &[u8]) -> Result<(), HostError>;
-    /// Reads the per-task image of `pid`; `None` when there is none.
-    fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError>;
-    /// CRIU's freeze alarm now.
-    fn freeze_alarm(&self) -> FreezeAlarm;
-    /// NVML's view of the GPUs' memory and its users, within `limit`.
-    fn gpu_memory(
-        &mut self,
-        limit: Option<std::time::Duration>,
-    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError>;
-    /// The host's available memory (`MemAvailable`), bytes.
-    fn memory_available(&self) -> Option<u64>;
-    /// `root` and every process below it.
-    fn tree(&self, root: Pid) -> Vec<Pid>;
     /// Writes the GPU inventory image (whole file, once per dump).
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError>;
-    /// The GPUs of CRIU's view (see [`crate::inventory`] for the enumeration rule), within
-    /// `limit` (`None`: no limit).
-    fn current_gpus(&mut self, limit: Option<std::time::Duration>) -> Result<Vec<GpuInfo>, String>;
+    /// CRIU's freeze alarm now.
+    fn freeze_alarm(&self) -> FreezeAlarm;
+    /// Reads the per-task image of `pid`; `None` when there is none.
+    fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
+        self.read_image(&crate::image::file_name(pid), crate::image::MAX_TASK_IMAGE)
+    }
 }
+
+/// Everything the plugin asks of its host: CRIU's services and the machine's.
+pub trait Host: Criu + crate::machine::Machine {}
+
+impl<T: Criu + crate::machine::Machine + ?Sized> Host for T {}

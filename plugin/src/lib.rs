@@ -59,6 +59,7 @@ pub mod hooks;
 pub mod host;
 pub mod image;
 pub mod inventory;
+pub mod machine;
 pub mod message;
 pub mod nvml;
 pub mod options;

@@ -24,9 +24,9 @@ use crate::engine::EngineConfig;
 use crate::env::Environment;
 use crate::error::PluginError;
 use crate::gpu_map::{self, MapSpec};
-use crate::host::HostError;
+use crate::host::Host;
+pub use crate::host::InventoryAnswer;
 use crate::image::{TaskImage, TaskList};
-use crate::inventory::GpuInfo;
 use crate::options::{self, OptionSource, Options};
 use crate::select::{select, SelectError, Selected, Selection};
 use crate::worker::Worker;
@@ -60,21 +60,9 @@ pub struct InitContext {
     pub late_errors_ignored: bool,
 }
 
-/// What the inventory says about `cuda_plugin` at restore.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InventoryAnswer {
-    NotListed,
-    /// Listed; `consumed` when the only available query also removed the entry (CRIU 4.1's
-    /// destructive `check_and_remove_inventory_plugin`).
-    Listed {
-        consumed: bool,
-    },
-    /// The host has no inventory service; assume listed.
-    Unknown(String),
-}
-
-/// Side-effecting services `init` uses.
-pub trait InitServices {
+/// How `init` probes the backends, on top of what it asks of its [`Host`] (the same seam the
+/// engine then runs on).
+pub trait Probes {
     /// Whether the helper process may run (`guardian=on`); called once the options are known,
     /// before any other service that may touch the driver.
     fn allow_helper(&mut self, allowed: bool) {
@@ -88,19 +76,12 @@ pub trait InitServices {
         path: Option<&OsStr>,
         timeout: Option<Duration>,
     ) -> CliProbe;
-    fn inventory_query(&mut self) -> InventoryAnswer;
-    /// Removes the (exactly matching) entry; `Err` with a reason when it cannot.
-    fn inventory_consume(&mut self) -> Result<(), String>;
-    /// The image file `name` of the dump, at most `limit` bytes (`None`: there is none).
-    fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError>;
-    /// The GPUs of this host, in CRIU's view, within `limit` (`None`: no limit).
-    fn current_gpus(&mut self, limit: Option<Duration>) -> Result<Vec<GpuInfo>, String>;
-    /// NVML's view of the GPUs' memory, within `limit`.
-    fn gpu_memory(
-        &mut self,
-        limit: Option<Duration>,
-    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError>;
 }
+
+/// Side-effecting services `init` uses: its host's (CRIU's and the machine's) and the probes.
+pub trait InitServices: Host + Probes {}
+
+impl<T: Host + Probes + ?Sized> InitServices for T {}
 
 /// An enabled plugin's settings.
 #[derive(Debug)]
@@ -458,6 +439,9 @@ pub fn build_backend(
 mod tests {
     use super::*;
     use crate::backend::driver::tests::FakeDriver;
+    use crate::host::{Criu, FreezeAlarm, HostError, Level};
+    use crate::inventory::GpuInfo;
+    use crate::machine::Machine;
     use crate::options::BackendChoice;
     use std::sync::Arc;
 
@@ -480,7 +464,7 @@ mod tests {
         cli_without_map: bool,
     }
 
-    impl InitServices for Svc {
+    impl Probes for Svc {
         fn probe_driver(&mut self, call_init: bool, _: Option<Duration>) -> DriverProbe {
             self.driver_probes += 1;
             self.init_requested = Some(call_init);
@@ -511,11 +495,15 @@ mod tests {
                 CliProbe::Unsupported("cuda-checkpoint not found in PATH".into())
             }
         }
+    }
+
+    /// `init` reads images and the inventory; it logs through its notes and writes nothing.
+    impl Criu for Svc {
         fn inventory_query(&mut self) -> InventoryAnswer {
             self.queries += 1;
             self.inventory.clone().unwrap_or(InventoryAnswer::NotListed)
         }
-        fn inventory_consume(&mut self) -> Result<(), String> {
+        fn inventory_consume(&mut self) -> Result<(), HostError> {
             self.consumed += 1;
             Ok(())
         }
@@ -533,7 +521,31 @@ mod tests {
                 d => Ok(d),
             }
         }
-        fn current_gpus(&mut self, _: Option<Duration>) -> Result<Vec<GpuInfo>, String> {
+        fn log(&self, level: Level, msg: &str) {
+            panic!("init logs through its notes, not the host: {level} {msg}");
+        }
+        fn add_inventory_entry(&mut self) -> Result<(), HostError> {
+            panic!("init adds no inventory entry");
+        }
+        fn write_task_image(&mut self, pid: Pid, _: &[u8]) -> Result<(), HostError> {
+            panic!("init writes no task image (pid {pid})");
+        }
+        fn write_task_list(&mut self, _: &[u8]) -> Result<(), HostError> {
+            panic!("init writes no task list");
+        }
+        fn write_gpu_inventory(&mut self, _: &[u8]) -> Result<(), HostError> {
+            panic!("init writes no GPU inventory");
+        }
+        fn freeze_alarm(&self) -> FreezeAlarm {
+            panic!("init does not read CRIU's freeze alarm");
+        }
+    }
+
+    impl Machine for Svc {
+        fn current_gpus(
+            &mut self,
+            _: Option<Duration>,
+        ) -> Result<Vec<GpuInfo>, crate::machine::GpuError> {
             self.enumerations += 1;
             Ok(self.gpus.clone())
         }
@@ -544,6 +556,12 @@ mod tests {
             self.nvml
                 .clone()
                 .ok_or_else(|| crate::nvml::NvmlError::Absent("no NVML in this test".into()))
+        }
+        fn memory_available(&self) -> Option<u64> {
+            panic!("init does not read the machine's memory");
+        }
+        fn tree(&self, root: Pid) -> Vec<Pid> {
+            panic!("init does not walk the process tree (root {root})");
         }
     }
 

@@ -40,6 +40,11 @@ const INTERNAL: &[(&str, &str)] = &[
          own two halves produces it, and it surfaces as the helper being gone",
     ),
     (
+        "the GPU enumeration: the helper answered",
+        "the plugin-guardian protocol out of turn (a reply of another kind): only a bug or a \
+         version mix-up of the plugin's own two halves produces it",
+    ),
+    (
         "the driver call panicked",
         "a bug in the plugin's worker thread, caught; nothing a user can act on",
     ),

@@ -116,16 +116,17 @@ impl Access {
     pub fn current_gpus(
         &self,
         limit: Option<std::time::Duration>,
-    ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+    ) -> Result<Vec<crate::inventory::GpuInfo>, crate::machine::GpuError> {
+        use crate::machine::GpuError;
         let Some(link) = &self.link else {
             return crate::ffi::cuda::enumerate_gpus_within(&self.worker, limit);
         };
         match link.call("cuInit/GPU enumeration", proto::Call::Gpus, limit) {
-            Ok(proto::Reply::Gpus(r)) => r.map(|g| g.into_iter().map(Into::into).collect()),
-            Ok(other) => Err(format!(
-                "the GPU enumeration: the helper answered {other:?}"
-            )),
-            Err(e) => Err(format!("cuInit or the GPU enumeration: {e}")),
+            Ok(proto::Reply::Gpus(r)) => r
+                .map(|g| g.into_iter().map(Into::into).collect())
+                .map_err(GpuError::Relayed),
+            Ok(other) => Err(GpuError::Protocol(format!("{other:?}"))),
+            Err(e) => Err(GpuError::Call(e)),
         }
     }
 

@@ -279,7 +279,9 @@ fn run(driver: &Driver, call: Call) -> Reply {
             Err(_) => DriverReply::Code(abi::CUresult::ERROR_NOT_INITIALIZED.0),
         }),
         Call::Gpus => Reply::Gpus(
-            crate::ffi::cuda::enumerate_gpus().map(|g| g.iter().map(WireGpu::from).collect()),
+            crate::ffi::cuda::enumerate_gpus()
+                .map(|g| g.iter().map(WireGpu::from).collect())
+                .map_err(|e| e.to_string()),
         ),
         Call::Nvml => Reply::Nvml(
             crate::ffi::nvml::snapshot()

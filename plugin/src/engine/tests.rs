@@ -4,6 +4,8 @@
 
 use super::*;
 use crate::backend::{BackendKind, JobResult, Op};
+use crate::host::{Criu, InventoryAnswer};
+use crate::machine::Machine;
 use crate::thread::Resumed;
 use abi::{CUresult, GpuUuid};
 use std::collections::{BTreeMap, HashMap};
@@ -370,7 +372,7 @@ impl ThreadControl for FakeThreads {
     }
 }
 
-impl Host for FakeHost {
+impl Criu for FakeHost {
     fn log(&self, level: Level, msg: &str) {
         self.0.lock().unwrap().logs.push((level, msg.to_owned()));
     }
@@ -404,13 +406,61 @@ impl Host for FakeHost {
         w.task_list = Some(data.to_vec());
         Ok(())
     }
-    fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
+    fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError> {
         let w = self.0.lock().unwrap();
-        Ok(w.images.get(&pid).cloned())
+        let data = if name == crate::image::LIST_FILE_NAME {
+            w.task_list.clone()
+        } else if name == crate::inventory::FILE_NAME {
+            w.gpu_inventory.clone()
+        } else {
+            w.images
+                .iter()
+                .find(|(&pid, _)| crate::image::file_name(pid) == name)
+                .map(|(_, d)| d.clone())
+        };
+        match data {
+            Some(d) if d.len() > limit => Err(HostError::TooLarge {
+                name: name.to_owned(),
+                limit,
+            }),
+            d => Ok(d),
+        }
+    }
+    fn inventory_query(&mut self) -> InventoryAnswer {
+        if self.0.lock().unwrap().inventory_adds > 0 {
+            InventoryAnswer::Listed { consumed: false }
+        } else {
+            InventoryAnswer::NotListed
+        }
+    }
+    fn inventory_consume(&mut self) -> Result<(), HostError> {
+        let mut w = self.0.lock().unwrap();
+        if w.inventory_adds == 0 {
+            return Err(HostError::NoEntry {
+                service: "check_and_remove_inventory_plugin",
+            });
+        }
+        w.inventory_adds -= 1;
+        Ok(())
     }
     fn freeze_alarm(&self) -> FreezeAlarm {
         self.0.lock().unwrap().alarm.unwrap_or(FreezeAlarm::Unknown)
     }
+    fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
+        let mut w = self.0.lock().unwrap();
+        if w.call("GpuInventory".into()).is_some() {
+            return Err(HostError::Failed { service: "openat" });
+        }
+        assert!(
+            w.gpu_inventory.is_none(),
+            "the GPU inventory is written once per dump"
+        );
+        w.gpu_inventory = Some(data.to_vec());
+        Ok(())
+    }
+}
+
+impl Machine for FakeHost {
     fn gpu_memory(
         &mut self,
         _: Option<Duration>,
@@ -430,22 +480,10 @@ impl Host for FakeHost {
         v.sort_unstable();
         v
     }
-    fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
-        let mut w = self.0.lock().unwrap();
-        if w.call("GpuInventory".into()).is_some() {
-            return Err(HostError::Failed { service: "openat" });
-        }
-        assert!(
-            w.gpu_inventory.is_none(),
-            "the GPU inventory is written once per dump"
-        );
-        w.gpu_inventory = Some(data.to_vec());
-        Ok(())
-    }
     fn current_gpus(
         &mut self,
         _: Option<std::time::Duration>,
-    ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+    ) -> Result<Vec<crate::inventory::GpuInfo>, crate::machine::GpuError> {
         Ok(vec![crate::inventory::GpuInfo {
             ordinal: 0,
             uuid: abi::GpuUuid([7; 16]),

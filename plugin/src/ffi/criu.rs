@@ -20,8 +20,7 @@
 //! | `cr_plugin_ctl` | list heads; ELF size = 16 × (hook count + 1) | 4.0 |
 
 use crate::backend::Pid;
-use crate::host::{FreezeAlarm, Host, HostError, Level};
-use crate::session::InventoryAnswer;
+use crate::host::{Criu, FreezeAlarm, HostError, InventoryAnswer, Level};
 use crate::PLUGIN_NAME;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::fs::File;
@@ -250,19 +249,23 @@ pub fn inventory_query() -> InventoryAnswer {
 }
 
 /// Consumes the inventory entry on hosts where [`inventory_query`] did not.
-pub fn inventory_consume() -> Result<(), String> {
+pub fn inventory_consume() -> Result<(), HostError> {
     if lookup(c"has_inventory_plugin").is_none() {
-        return Err("no exact-match check_and_remove_inventory_plugin on this host".into());
+        return Err(HostError::Missing(
+            "an exact-match check_and_remove_inventory_plugin",
+        ));
     }
     let check = criu_fn!(c"check_and_remove_inventory_plugin", CheckRemoveExactFn)
-        .ok_or_else(|| "CRIU exports no check_and_remove_inventory_plugin".to_owned())?;
+        .ok_or(HostError::Missing("check_and_remove_inventory_plugin"))?;
     let name = name_c();
     // SAFETY: on hosts with has_inventory_plugin, check_and_remove_inventory_plugin is the
     // one-argument exact form `bool (const char *)`; `name` is NUL-terminated.
     if unsafe { check(name.as_ptr()) } {
         Ok(())
     } else {
-        Err("check_and_remove_inventory_plugin(\"cuda_plugin\") found no entry".into())
+        Err(HostError::NoEntry {
+            service: "check_and_remove_inventory_plugin",
+        })
     }
 }
 
@@ -458,14 +461,30 @@ pub fn freeze_alarm() -> FreezeAlarm {
     }
 }
 
-/// The [`Host`] backed by CRIU's services; GPU enumeration and NVML run in the helper process
-/// or on the session's worker ([`crate::agent::Access`]).
+/// Whether the plugin's helper process may run, and whether it does.
+#[derive(Debug)]
+pub enum Helper {
+    /// `guardian=off`, or not decided yet.
+    Off,
+    /// Allowed, started on first need (the first driver call, or the end of `init`).
+    Allowed,
+    Running,
+    /// It could not start; driver calls run on threads in CRIU.
+    Failed,
+}
+
+/// The production [`crate::host::Host`], for `init` and then the engine: CRIU's services found
+/// with `dlsym` ([`Criu`], here), the machine's and the backend probes
+/// ([`crate::machine::Machine`] and [`crate::session::Probes`], in [`super::exports`]). Driver
+/// work (GPU enumeration, NVML) runs in the helper process when it runs, else on the session's
+/// worker ([`crate::agent::Access`]).
 #[derive(Debug)]
 pub struct CriuHost {
     pub access: crate::agent::Access,
+    pub helper: Helper,
 }
 
-impl Host for CriuHost {
+impl Criu for CriuHost {
     fn log(&self, level: Level, msg: &str) {
         log(level.criu(), msg);
     }
@@ -484,6 +503,18 @@ impl Host for CriuHost {
         }
     }
 
+    fn inventory_query(&mut self) -> InventoryAnswer {
+        inventory_query()
+    }
+
+    fn inventory_consume(&mut self) -> Result<(), HostError> {
+        inventory_consume()
+    }
+
+    fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError> {
+        read_image(name, limit)
+    }
+
     fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError> {
         write_image(&crate::image::file_name(pid), data)
     }
@@ -492,40 +523,12 @@ impl Host for CriuHost {
         write_image(crate::image::LIST_FILE_NAME, data)
     }
 
-    fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
-        read_image(&crate::image::file_name(pid), crate::image::MAX_TASK_IMAGE)
-    }
-
-    fn freeze_alarm(&self) -> FreezeAlarm {
-        freeze_alarm()
-    }
-
-    fn gpu_memory(
-        &mut self,
-        limit: Option<Duration>,
-    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
-        self.access.gpu_memory(limit)
-    }
-
-    fn memory_available(&self) -> Option<u64> {
-        crate::env::mem_available_override().or_else(|| {
-            crate::nvml::parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
-        })
-    }
-
-    fn tree(&self, root: Pid) -> Vec<Pid> {
-        crate::thread::descendants(root)
-    }
-
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
         write_image(crate::inventory::FILE_NAME, data)
     }
 
-    fn current_gpus(
-        &mut self,
-        limit: Option<std::time::Duration>,
-    ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
-        self.access.current_gpus(limit)
+    fn freeze_alarm(&self) -> FreezeAlarm {
+        freeze_alarm()
     }
 }
 
@@ -549,6 +552,7 @@ mod tests {
                 worker: Worker::new(std::sync::Arc::new(|| {})),
                 link: None,
             },
+            helper: Helper::Off,
         };
         assert!(matches!(
             host.add_inventory_entry(),

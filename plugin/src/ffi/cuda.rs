@@ -8,6 +8,7 @@
 use crate::backend::driver::{CudaDriver, LoadError};
 use crate::backend::Pid;
 use crate::inventory::GpuInfo;
+use crate::machine::GpuError;
 use abi::{
     CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
     CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid, GpuUuid,
@@ -100,11 +101,11 @@ type DeviceGetUuidFn = unsafe extern "C" fn(*mut CUuuid, c_int) -> CUresult;
 type DeviceGetNameFn = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> CUresult;
 type DeviceTotalMemFn = unsafe extern "C" fn(*mut usize, c_int) -> CUresult;
 
-fn cu(what: &str, r: CUresult) -> Result<(), String> {
-    if r.is_success() {
+fn cu(call: &'static str, code: CUresult) -> Result<(), GpuError> {
+    if code.is_success() {
         Ok(())
     } else {
-        Err(format!("{what} failed with {r}"))
+        Err(GpuError::Driver { call, code })
     }
 }
 
@@ -114,29 +115,26 @@ fn cu(what: &str, r: CUresult) -> Result<(), String> {
 pub fn enumerate_gpus_within(
     worker: &crate::worker::Worker,
     limit: Option<std::time::Duration>,
-) -> Result<Vec<GpuInfo>, String> {
+) -> Result<Vec<GpuInfo>, GpuError> {
     worker
         .call("cuInit/GPU enumeration", limit, enumerate_gpus)
-        .map_err(|e| format!("cuInit or the GPU enumeration: {e}"))?
+        .map_err(GpuError::Call)?
 }
 
 /// Every GPU of CRIU's view: ordinal, UUID, name and memory, through the driver library
 /// (needed by both backends: `cuda-checkpoint` itself runs on it).
-pub fn enumerate_gpus() -> Result<Vec<GpuInfo>, String> {
-    let lib = library().map_err(|e| e.to_string())?;
-    let sym = |e: LoadError| e.to_string();
-    let init = (|| Ok::<_, LoadError>(entry!(lib, "cuInit", InitFn)))().map_err(sym)?;
-    let count_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetCount", DeviceGetCountFn)))()
-        .map_err(sym)?;
-    let get = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGet", DeviceGetFn)))().map_err(sym)?;
+pub fn enumerate_gpus() -> Result<Vec<GpuInfo>, GpuError> {
+    let lib = library()?;
+    let init = (|| Ok::<_, LoadError>(entry!(lib, "cuInit", InitFn)))()?;
+    let count_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetCount", DeviceGetCountFn)))()?;
+    let get = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGet", DeviceGetFn)))()?;
     let uuid_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetUuid_v2", DeviceGetUuidFn)))()
-        .or_else(|_| (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetUuid", DeviceGetUuidFn)))())
-        .map_err(sym)?;
-    let name_fn =
-        (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetName", DeviceGetNameFn)))().map_err(sym)?;
+        .or_else(|_| (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetUuid", DeviceGetUuidFn)))())?;
+    let name_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetName", DeviceGetNameFn)))()?;
     let mem_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceTotalMem_v2", DeviceTotalMemFn)))()
-        .or_else(|_| (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceTotalMem", DeviceTotalMemFn)))())
-        .map_err(sym)?;
+        .or_else(|_| {
+            (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceTotalMem", DeviceTotalMemFn)))()
+        })?;
     cu("cuInit", init_once(init))?;
     let mut count: c_int = 0;
     // SAFETY: writes one int through a valid pointer.

@@ -27,12 +27,14 @@ use crate::env::Environment;
 use crate::error::PluginError;
 use crate::hooks::{self, MaxHooks};
 use crate::host::Level;
+use crate::machine::{GpuError, Machine};
 use crate::message::{Report, Tenths};
 use crate::select::Selected;
-use crate::session::{self, InitContext, InitServices, InventoryAnswer, Start};
+use crate::session::{self, InitContext, Probes, Start};
 use crate::worker::Worker;
 use abi::criu::options_meta::{self, CrPluginOptionMeta, CrPluginOptionsMeta};
 use abi::criu::{CrPluginDesc, Hook, Stage, CRIU_PLUGIN_VERSION, HOOK_COUNT_BUILD};
+use criu::{CriuHost, Helper};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, OsStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -189,26 +191,7 @@ fn install_panic_hook() {
     });
 }
 
-/// Whether the helper process may run, and whether it does.
-#[derive(Debug)]
-enum Helper {
-    /// `guardian=off`, or not decided yet.
-    Off,
-    /// Allowed, started on first need (the first driver call, or the end of `init`).
-    Allowed,
-    Running,
-    /// It could not start; driver calls run on threads in CRIU.
-    Failed,
-}
-
-/// The production [`InitServices`]; driver work runs in the helper process when it runs, else
-/// on the session's worker.
-struct RealServices {
-    access: Access,
-    helper: Helper,
-}
-
-impl RealServices {
+impl CriuHost {
     /// Starts the helper if it may run and does not yet. CRIU is single-threaded here: nothing
     /// of the plugin's has run on a thread yet (every driver call so far went to the helper, or
     /// there was none).
@@ -240,7 +223,7 @@ impl RealServices {
     }
 }
 
-impl InitServices for RealServices {
+impl Probes for CriuHost {
     fn allow_helper(&mut self, allowed: bool) {
         self.helper = if allowed {
             Helper::Allowed
@@ -254,6 +237,7 @@ impl InitServices for RealServices {
         // A driver whose cuDriverGetVersion or cuInit hangs must not hang CRIU.
         self.access.probe(call_init, limit)
     }
+
     fn probe_cli(
         &mut self,
         program: Option<&Path>,
@@ -262,32 +246,33 @@ impl InitServices for RealServices {
     ) -> CliProbe {
         probe_cli(program, path, &mut ProcessRunner, timeout)
     }
-    fn inventory_query(&mut self) -> InventoryAnswer {
-        criu::inventory_query()
-    }
-    fn inventory_consume(&mut self) -> Result<(), String> {
-        criu::inventory_consume()
-    }
-    fn read_image(
-        &mut self,
-        name: &str,
-        limit: usize,
-    ) -> Result<Option<Vec<u8>>, crate::host::HostError> {
-        criu::read_image(name, limit)
-    }
+}
+
+impl Machine for CriuHost {
     fn current_gpus(
         &mut self,
         limit: Option<Duration>,
-    ) -> Result<Vec<crate::inventory::GpuInfo>, String> {
+    ) -> Result<Vec<crate::inventory::GpuInfo>, GpuError> {
         self.ensure_helper();
         self.access.current_gpus(limit)
     }
+
     fn gpu_memory(
         &mut self,
         limit: Option<Duration>,
     ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
         self.ensure_helper();
         self.access.gpu_memory(limit)
+    }
+
+    fn memory_available(&self) -> Option<u64> {
+        crate::env::mem_available_override().or_else(|| {
+            crate::nvml::parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+        })
+    }
+
+    fn tree(&self, root: crate::backend::Pid) -> Vec<crate::backend::Pid> {
+        crate::thread::descendants(root)
     }
 }
 
@@ -369,20 +354,20 @@ fn init(stage: Stage) -> c_int {
         );
     }
     let worker = Worker::new(Arc::new(super::pin_self));
-    let mut services = RealServices {
+    let mut host = CriuHost {
         access: Access {
             worker: worker.clone(),
             link: None,
         },
         helper: Helper::Off,
     };
-    match session::start(&ctx, &mut services) {
+    match session::start(&ctx, &mut host) {
         Ok(Start::Disabled { reason, warn }) => {
             log(
                 if warn { Level::Warn } else { Level::Info },
                 &format!("disabled: {reason}"),
             );
-            finish_helper(services.access.link.as_ref(), FinishMode::Done);
+            finish_helper(host.access.link.as_ref(), FinishMode::Done);
             *active() = Some(Active {
                 stage,
                 engine: None,
@@ -424,8 +409,8 @@ fn init(stage: Stage) -> c_int {
             if stage == Stage::DUMP && !criu::set_interrupt_only_mode() {
                 log(Level::Warn, "CRIU has no set_compel_interrupt_only_mode; a cgroup freezer would also freeze restore threads");
             }
-            services.ensure_helper();
-            let helper = services.access.link.clone();
+            host.ensure_helper();
+            let helper = host.access.link.clone();
             if let Some(h) = &helper {
                 let config = crate::agent::proto::GuardConfig {
                     stage: if stage == Stage::DUMP {
@@ -464,9 +449,9 @@ fn init(stage: Stage) -> c_int {
             let mut engine = Engine::new(
                 backend,
                 Box::new(ptrace::Ptrace),
-                Box::new(criu::CriuHost {
-                    access: services.access.clone(),
-                }),
+                // The host init probed with: its helper is running, failed or off by now, so
+                // the engine's calls never start one.
+                Box::new(host),
                 plan.cfg,
             );
             if let Some(h) = &helper {
@@ -481,7 +466,7 @@ fn init(stage: Stage) -> c_int {
             0
         }
         Err(e) => {
-            finish_helper(services.access.link.as_ref(), FinishMode::Done);
+            finish_helper(host.access.link.as_ref(), FinishMode::Done);
             log(
                 Level::Error,
                 &format!("init({}) failed: {}", stage.name(), Report(&e)),
