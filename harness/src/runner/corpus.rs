@@ -148,7 +148,7 @@ pub fn run_rows(paths: &[PathBuf], art: &Artifacts, opts: &CorpusOptions) -> (Ve
     let rows = pool::run(
         work,
         opts.jobs,
-        |(name, path, snaps)| run_one(&name, &path, &snaps, art, opts),
+        |(name, path, snaps)| run_scenario(&name, &path, &snaps, art, opts),
         |row| {
             if opts.print_rows {
                 print_row(row);
@@ -212,7 +212,17 @@ fn find_corpus_root(dir: &Path) -> PathBuf {
         .map_or(abs.clone(), Path::to_path_buf)
 }
 
-fn run_one(name: &str, path: &Path, snaps: &Path, art: &Artifacts, opts: &CorpusOptions) -> Row {
+/// Loads and runs scenario `name` (file `path`) and judges it: its verdict, and for a passing
+/// run of this project's plugin, its transcript against `<snaps>/<name>.snap`. The one
+/// implementation behind `harness run` and the libtest runner (`harness/tests/scenarios.rs`).
+#[must_use]
+pub fn run_scenario(
+    name: &str,
+    path: &Path,
+    snaps: &Path,
+    art: &Artifacts,
+    opts: &CorpusOptions,
+) -> Row {
     let s = match Scenario::load(path) {
         Ok(s) => s,
         Err(e) => {
@@ -224,33 +234,35 @@ fn run_one(name: &str, path: &Path, snaps: &Path, art: &Artifacts, opts: &Corpus
         }
     };
     let report = run_with(&s, art, opts.run, &opts.plugin);
-    let mut error = None;
-    if report.verdict == Verdict::Pass && report.snapshot_applies {
-        let snap = snaps.join(format!("{}.snap", snapshot_name(name)));
-        match read_snapshot(&snap) {
-            Some(want) if want.trim_end() != report.transcript.trim_end() => {
-                error = Some(format!(
-                    "transcript differs from {} (run `cargo insta test -p harness --test scenarios` to review)\n{}",
-                    snap.display(),
-                    report.transcript
-                ));
-            }
-            Some(_) => {}
-            // As the libtest runner's insta assertion does: a passing scenario of this
-            // project's plugin has its transcript on file.
-            None => {
-                error = Some(format!(
-                    "{NO_SNAPSHOT} {} (bless it: INSTA_UPDATE=always cargo test -p harness --test scenarios -- {name})\n{}",
-                    snap.display(),
-                    report.transcript
-                ));
-            }
-        }
-    }
+    let error = check_snapshot(name, &report, snaps);
     Row {
         name: name.to_owned(),
         report: Some(report),
         error,
+    }
+}
+
+/// Whether `report` matches its snapshot in `snaps`: `None` when it does or none applies (a
+/// run that did not pass, or another plugin's), else why not, with the transcript.
+#[must_use]
+pub fn check_snapshot(name: &str, report: &Report, snaps: &Path) -> Option<String> {
+    if report.verdict != Verdict::Pass || !report.snapshot_applies {
+        return None;
+    }
+    let snap = snaps.join(format!("{}.snap", snapshot_name(name)));
+    match read_snapshot(&snap) {
+        Some(want) if want.trim_end() != report.transcript.trim_end() => Some(format!(
+            "transcript differs from {} (run `cargo insta test -p harness --test scenarios` to review)\n{}",
+            snap.display(),
+            report.transcript
+        )),
+        Some(_) => None,
+        // A passing scenario of this project's plugin has its transcript on file.
+        None => Some(format!(
+            "{NO_SNAPSHOT} {} (bless it: INSTA_UPDATE=always cargo test -p harness --test scenarios -- {name})\n{}",
+            snap.display(),
+            report.transcript
+        )),
     }
 }
 

@@ -50,7 +50,10 @@ mod step;
 mod world;
 
 pub use artifacts::{find_criu, Artifacts};
-pub use corpus::{collect, read_snapshot, run_corpus, run_rows, snapshot_name, CorpusOptions, Row};
+pub use corpus::{
+    check_snapshot, collect, read_snapshot, run_corpus, run_rows, run_scenario, snapshot_name,
+    CorpusOptions, Row,
+};
 use normalise::known_lock_timeouts;
 pub(crate) use step::{guardian_pids, wait_gone};
 
