@@ -23,8 +23,13 @@
 #                              in scripts/main-job.sh instead (CI sets this). Passed through.
 #   extra arguments            passed to both `cargo test` runs (e.g. -- --nocapture)
 #
-# Environment exported to the tests (only where not already set, and only for
-# versions that are present):
+# Environment exported to the tests:
+#   CRIU_CUDA_ARTIFACTS        the profile directory (target/debug, under CARGO_TARGET_DIR
+#                              when set) where this script first builds every library and
+#                              program (`cargo build --workspace --lib --bins`): the tests take
+#                              their artifacts from there and run no nested `cargo build`.
+#                              Set it yourself to test other artifacts.
+# and, only where not already set and only for versions that are present:
 #   CRIU_CUDA_CRIU_VERSIONS    path of target/criu/versions: one line per CRIU,
 #                              "<version> <absolute wrapper path>"
 #   CRIU_CUDA_CRIU_4_1         wrapper of the 4.1.x CRIU (e.g. target/criu/4.1.1/criu)
@@ -43,6 +48,14 @@ if [ "$(id -u)" != 0 ]; then
     note "warning: not root; tests that ptrace or run CRIU may skip or fail"
 fi
 
+if [ -z "${CRIU_CUDA_ARTIFACTS:-}" ]; then
+    note "cargo build --workspace --lib --bins (the artifacts the tests run)"
+    cargo build --workspace --lib --bins
+    target=${CARGO_TARGET_DIR:-target}
+    case $target in /*) ;; *) target=$repo/$target ;; esac
+    export CRIU_CUDA_ARTIFACTS="$target/debug"
+fi
+note "CRIU_CUDA_ARTIFACTS=$CRIU_CUDA_ARTIFACTS"
 note "cargo test --workspace --all-targets $*"
 cargo test --workspace --all-targets "$@"
 note "cargo test --workspace --doc $*"

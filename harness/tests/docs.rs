@@ -760,7 +760,7 @@ fn setup() -> R<&'static Setup> {
             .ok_or("no target directory")?
             .canonicalize()
             .map_err(|e| e.to_string())?;
-        let art = Artifacts::locate(profile, Path::new(HARNESS))?;
+        let art = Artifacts::for_tests(Path::new(HARNESS))?;
         for tool in ["unshare", "mount", "setsid", "install"] {
             let ok = Command::new("sh")
                 .args(["-c", &format!("command -v {tool}")])

@@ -21,12 +21,7 @@ fn workspace() -> PathBuf {
 }
 
 fn artifacts() -> Result<Artifacts, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("the test binary is not in <target>/<profile>/deps")?;
-    Artifacts::locate(profile, Path::new(HARNESS))
+    Artifacts::for_tests(Path::new(HARNESS))
 }
 
 fn scenario(name: &str) -> PathBuf {

@@ -47,7 +47,7 @@ fn a_plugin_that_skips_its_rollback_fails_the_rollback_scenarios() {
     runner::become_subreaper();
     let exe = std::env::current_exe().unwrap();
     let profile = exe.parent().and_then(Path::parent).unwrap();
-    let mut art = Artifacts::locate(profile, Path::new(HARNESS)).unwrap();
+    let mut art = Artifacts::for_tests(Path::new(HARNESS)).unwrap();
     art.plugin = build_mutant(profile.parent().unwrap());
     let corpus = Path::new(MANIFEST).join("../scenarios");
     let mut survived = Vec::new();

@@ -9,13 +9,15 @@
 //! `scenarios/snapshots/<dir>__<name>.snap`.
 //!
 //! The artifacts (the CUDA plugin, the mock driver, `mock-world`, `mock-cuda-app`,
-//! `cuda-checkpoint`) come from this test's own target directory; when one is missing, cargo
-//! builds them once.
+//! `cuda-checkpoint`) come from `$CRIU_CUDA_ARTIFACTS`, where `scripts/test.sh` built them;
+//! without it, from this test's own target directory, where cargo builds them once when one is
+//! missing or older than its sources.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use harness::runner::{self, Artifacts, RunOptions, Verdict};
+use harness::kit::PluginUnderTest;
+use harness::runner::{self, Artifacts, CorpusOptions, RunOptions, Verdict};
 use harness::scenario::Scenario;
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -28,34 +30,40 @@ fn corpus_dir() -> PathBuf {
 
 fn artifacts() -> Result<&'static Artifacts, String> {
     static A: std::sync::OnceLock<Result<Artifacts, String>> = std::sync::OnceLock::new();
-    A.get_or_init(|| {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .ok_or("the test binary is not in <target>/<profile>/deps")?;
-        Artifacts::locate(profile, Path::new(HARNESS))
-    })
-    .as_ref()
-    .map_err(Clone::clone)
+    A.get_or_init(|| Artifacts::for_tests(Path::new(HARNESS)))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
-fn run_trial(name: &str, s: &Scenario, opts: RunOptions) -> Result<(), Failed> {
+/// One trial: [`runner::run_scenario`], the implementation `harness run` uses, judges the run;
+/// on a pass, insta compares the transcript with its snapshot as well, to show the difference
+/// and bless it when asked (`INSTA_UPDATE`).
+fn run_trial(name: &str, path: &Path, opts: &CorpusOptions) -> Result<(), Failed> {
     let art = artifacts()?;
-    let report = runner::run(s, art, opts);
+    let snaps = corpus_dir().join("snapshots");
+    let row = runner::run_scenario(name, path, &snaps, art, opts);
+    let Some(report) = row.report else {
+        return Err(row.error.unwrap_or_default().into());
+    };
     match report.verdict {
-        Verdict::Pass => {
+        Verdict::Pass if report.snapshot_applies => {
             let snap = runner::snapshot_name(name);
             let transcript = report.transcript;
             let checked = std::panic::catch_unwind(move || {
                 let mut settings = insta::Settings::clone_current();
-                settings.set_snapshot_path(corpus_dir().join("snapshots"));
+                settings.set_snapshot_path(snaps);
                 settings.set_prepend_module_to_snapshot(false);
                 settings.set_omit_expression(true);
                 settings.bind(|| insta::assert_snapshot!(snap, transcript));
             });
-            checked.map_err(|_| Failed::from("the transcript differs from its snapshot"))
+            checked.map_err(|_| {
+                Failed::from(
+                    row.error
+                        .unwrap_or_else(|| "the transcript differs from its snapshot".into()),
+                )
+            })
         }
+        Verdict::Pass => Ok(()),
         Verdict::Fail(e) => Err(e.into()),
         Verdict::Skip(why) => {
             eprintln!("note: {name} is skipped: {why}");
@@ -84,8 +92,14 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     runner::become_subreaper();
-    let opts = RunOptions {
+    let run = RunOptions {
         require_criu: std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1"),
+    };
+    let opts = CorpusOptions {
+        jobs: 1,
+        run,
+        plugin: PluginUnderTest::ours(),
+        print_rows: false,
     };
     let art_dir = std::path::PathBuf::from(MANIFEST).join("..");
     let trials = runner::collect(&corpus_dir())
@@ -99,13 +113,14 @@ fn main() -> ExitCode {
                     "emulated"
                 };
                 let ignored = s.host.engine == harness::scenario::EngineKind::Criu
-                    && !opts.require_criu
+                    && !run.require_criu
                     && runner::find_criu(&s.host.profile, &art_dir).is_none();
                 if ignored {
                     eprintln!("note: {name} is skipped: no CRIU {} found", s.host.profile);
                 }
                 let n = name.clone();
-                Trial::test(name, move || run_trial(&n, &s, opts))
+                let opts = opts.clone();
+                Trial::test(name, move || run_trial(&n, &path, &opts))
                     .with_kind(kind)
                     .with_ignored_flag(ignored)
             }

@@ -15,12 +15,7 @@ const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 
 #[test]
 fn fault_sweep_keeps_every_invariant() {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary is in <target>/<profile>/deps");
-    let art = Artifacts::locate(profile, Path::new(HARNESS)).expect("artifacts");
+    let art = Artifacts::for_tests(Path::new(HARNESS)).expect("artifacts");
     runner::become_subreaper();
     let cases = sweep::cases(false);
     assert!(cases.len() >= 200, "{} combinations", cases.len());

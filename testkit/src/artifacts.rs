@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
 
+/// The variable `scripts/test.sh` sets to the profile directory (e.g. `target/debug`) where it
+/// built every artifact before the tests run (the harness's runner reads the same one).
+pub const ARTIFACTS_VAR: &str = "CRIU_CUDA_ARTIFACTS";
+
 /// The target directory the running test binary was built in.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -27,6 +31,23 @@ impl Layout {
         let exe = std::env::current_exe().map_err(|e| format!("locating the test binary: {e}"))?;
         let deps = exe.parent().ok_or("the test binary has no directory")?;
         let profile_dir = deps.parent().ok_or("deps/ has no parent")?;
+        Self::of_profile_dir(profile_dir)
+    }
+
+    /// Where the tests take the artifacts from, and whether they are prebuilt: the profile
+    /// directory in `$CRIU_CUDA_ARTIFACTS` ([`ARTIFACTS_VAR`]: `scripts/test.sh` built everything
+    /// there first, so nothing is rebuilt and a missing artifact is an error), else the running
+    /// test binary's (refreshed by a nested `cargo build` when older than its sources).
+    pub fn for_tests() -> Result<(Layout, bool), String> {
+        match std::env::var_os(ARTIFACTS_VAR) {
+            Some(dir) => Ok((Self::of_profile_dir(Path::new(&dir))?, true)),
+            None => Ok((Self::of_current_exe()?, false)),
+        }
+    }
+
+    /// The layout around the profile directory `profile_dir` (`<target>/<profile>`).
+    pub fn of_profile_dir(profile_dir: &Path) -> Result<Layout, String> {
+        let deps = profile_dir.join("deps");
         let target_dir = profile_dir
             .parent()
             .ok_or("the profile dir has no parent")?;

@@ -2,7 +2,8 @@
 //! takes it as a `[dev-dependency]` instead of carrying its own copy.
 //!
 //! - [`artifacts`]: where the built programs and libraries are (the target directory of the
-//!   running test binary) and the nested `cargo build` that refreshes them;
+//!   running test binary, or `$CRIU_CUDA_ARTIFACTS` where `scripts/test.sh` built them) and
+//!   the nested `cargo build` that refreshes them when the variable is unset;
 //! - [`criu`]: the plugin's real-CRIU tests and benchmarks (CRIU binaries, worlds, logs);
 //! - [`wait`]: the one "poll a condition until a deadline" helper;
 //! - [`proc`]: signals and `/proc/<pid>` (threads, states, tracers, environments);

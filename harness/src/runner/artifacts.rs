@@ -52,7 +52,29 @@ fn newest_lib(profile: &Path, name: &str) -> PathBuf {
     }
 }
 
+/// The variable `scripts/test.sh` sets to the profile directory (e.g. `target/debug`) where it
+/// built every artifact before the tests run: tests then take them from there and never run a
+/// nested `cargo build` ([`Artifacts::for_tests`]).
+pub const ARTIFACTS_VAR: &str = "CRIU_CUDA_ARTIFACTS";
+
 impl Artifacts {
+    /// The artifacts of the profile directory `profile`, as they are.
+    fn at(profile: &Path, harness: &Path) -> Self {
+        Self {
+            harness: harness.to_path_buf(),
+            plugin: newest_lib(profile, "libcuda_plugin.so"),
+            mock_lib: newest_lib(profile, "libmock_libcuda.so"),
+            mock_nvml: newest_lib(profile, "libmock_nvml.so"),
+            mock_world: profile.join("mock-world"),
+            mock_app: profile.join("mock-cuda-app"),
+            cuda_checkpoint: profile.join("cuda-checkpoint"),
+            workspace: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
+        }
+    }
+
     /// The artifacts of the target profile directory `profile` (e.g. `target/debug`), with the
     /// `harness` front-end `harness`. When one is missing or older than the workspace's sources,
     /// `$CARGO build` (or `cargo`) builds the packages that provide them, once per process.
@@ -64,16 +86,7 @@ impl Artifacts {
             .parent()
             .unwrap_or(Path::new("."))
             .to_path_buf();
-        let make = || Self {
-            harness: harness.to_path_buf(),
-            plugin: newest_lib(profile, "libcuda_plugin.so"),
-            mock_lib: newest_lib(profile, "libmock_libcuda.so"),
-            mock_nvml: newest_lib(profile, "libmock_nvml.so"),
-            mock_world: profile.join("mock-world"),
-            mock_app: profile.join("mock-cuda-app"),
-            cuda_checkpoint: profile.join("cuda-checkpoint"),
-            workspace: workspace.clone(),
-        };
+        let make = || Self::at(profile, harness);
         let a = make();
         if a.missing().is_none() && !a.stale() {
             return Ok(a);
@@ -85,6 +98,34 @@ impl Artifacts {
             None => Ok(a),
             Some(p) => Err(format!("{} is missing after the build", p.display())),
         }
+    }
+
+    /// The artifacts a test of this workspace uses, with the `harness` front-end `harness`:
+    /// those in `$CRIU_CUDA_ARTIFACTS` (see [`ARTIFACTS_VAR`]) when it is set, as they are (no
+    /// build), else [`Artifacts::locate`] in the running test binary's profile directory.
+    ///
+    /// # Errors
+    /// An artifact missing from `$CRIU_CUDA_ARTIFACTS`, or [`Artifacts::locate`]'s errors.
+    pub fn for_tests(harness: &Path) -> Result<Self, String> {
+        if let Some(dir) = std::env::var_os(ARTIFACTS_VAR) {
+            let profile = PathBuf::from(dir);
+            let a = Self::at(&profile, harness);
+            return match a.missing() {
+                None => Ok(a),
+                Some(p) => Err(format!(
+                    "{ARTIFACTS_VAR}={}: {} is missing (scripts/test.sh builds every artifact \
+                     there before the tests run)",
+                    profile.display(),
+                    p.display()
+                )),
+            };
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("locating the test binary: {e}"))?;
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("the test binary is not in <target>/<profile>/deps")?;
+        Self::locate(profile, harness)
     }
 
     /// Whether an artifact is older than the newest source of the crates that build them (a
