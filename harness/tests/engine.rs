@@ -108,28 +108,6 @@ fn library_without_descriptor_is_ignored_with_a_warning() {
 }
 
 #[test]
-fn legacy_symbol_names_are_used_as_criu_does() {
-    let fx = Fixture::new();
-    fx.plugin("legacy.so", "legacy", &["TP_NO_DESC", "TP_LEGACY_INIT"]);
-    let tree = Tree::single();
-    let out = run(fx
-        .cmd("4.1", "dump")
-        .args(["-t", &tree.root().to_string(), "--leave-running"]));
-    ok(&out, &fx.log());
-    let tp = fx.take_tp_log();
-    assert!(
-        tp.contains(&"legacy init stage=0 -> 0".to_owned()),
-        "{tp:?}"
-    );
-    assert_eq!(lines_with(&tp, "legacy PAUSE_DEVICES").len(), 1);
-    assert!(
-        tp.contains(&"legacy exit stage=0 ret=0".to_owned()),
-        "{tp:?}"
-    );
-    tree.assert_running();
-}
-
-#[test]
 fn broken_library_fails_the_run_and_untouched_tree_keeps_running() {
     let fx = Fixture::new();
     std::fs::write(fx.lib().join("broken.so"), "not an ELF file\n").unwrap();
@@ -373,23 +351,6 @@ fn broadcast_runs_every_handler_and_returns_the_first_real_error() {
 }
 
 #[test]
-fn dump_finish_error_fails_a_successful_dump_and_resumes_the_tree() {
-    let fx = Fixture::new();
-    fx.plugin("a.so", "a", &[]);
-    let tree = Tree::single();
-    let out = run(fx
-        .cmd("pr3076", "dump")
-        .args(["-t", &tree.root().to_string()])
-        .env("TP_a_dfinish", "ret=-5")
-        .env("TP_a_exit", "state"));
-    failed(&out, &fx.log());
-    let tp = fx.take_tp_log();
-    assert!(tp.contains(&"a DUMP_FINISH 0 -> -5".to_owned()), "{tp:?}");
-    assert!(tp.contains(&"a exit stage=0 ret=-5".to_owned()), "{tp:?}");
-    tree.assert_running();
-}
-
-#[test]
 fn resume_devices_late_error_aborts_restore_under_newer_rules_only() {
     for (host, fatal) in [("pr3076", true), ("4.1", false), ("4.2", false)] {
         let fx = Fixture::new();
@@ -419,22 +380,6 @@ fn resume_devices_late_error_aborts_restore_under_newer_rules_only() {
         }
         tree.assert_running();
     }
-}
-
-#[test]
-fn enotsup_from_resume_is_harmless_under_newer_rules() {
-    let fx = Fixture::new();
-    fx.plugin("a.so", "a", &[]);
-    let tree = Tree::single();
-    ok(
-        &run(fx
-            .cmd("pr3076", "dump")
-            .args(["-t", &tree.root().to_string(), "-R"])),
-        &fx.log(),
-    );
-    let out = run(fx.cmd("pr3076", "restore").env("TP_a_resume", "ret=-95"));
-    ok(&out, &fx.log());
-    tree.assert_running();
 }
 
 // ---------------------------------------------------------------- the #3105 sentinel
@@ -883,55 +828,6 @@ fn criu_functions_c_plugins_link_against_work_on_every_host() {
 }
 
 #[test]
-fn pause_failure_on_a_child_resumes_everything_and_exit_sees_the_failure() {
-    let fx = Fixture::new();
-    fx.plugin("a.so", "a", &[]);
-    let tree = Tree::spawn(&fx);
-    let out = run(fx
-        .cmd("4.1", "dump")
-        .args(["-t", &tree.root().to_string()])
-        .env("TP_a_pause", "retat=3:-1"));
-    failed(&out, &fx.log());
-    let tp = fx.take_tp_log();
-    assert_eq!(lines_with(&tp, "PAUSE_DEVICES").len(), 3);
-    assert!(lines_with(&tp, "CHECKPOINT").is_empty());
-    assert!(tp.contains(&"a exit stage=0 ret=-1".to_owned()));
-    tree.assert_running();
-}
-
-#[test]
-fn checkpoint_failure_resumes_the_tree_after_exit_ran_with_it_frozen() {
-    let fx = Fixture::new();
-    fx.plugin("a.so", "a", &[]);
-    let tree = Tree::spawn(&fx);
-    let out = run(fx
-        .cmd("pr3076", "dump")
-        .args(["-t", &tree.root().to_string()])
-        .env("TP_a_checkpoint", "retat=2:-5"));
-    failed(&out, &fx.log());
-    tree.assert_running();
-}
-
-#[test]
-fn pre_dump_pauses_every_task_and_never_checkpoints_or_exits() {
-    let fx = Fixture::new();
-    fx.plugin("a.so", "a", &[]);
-    let tree = Tree::spawn(&fx);
-    let out = run(fx
-        .cmd("pr3076", "pre-dump")
-        .args(["-t", &tree.root().to_string()])
-        .env("TP_a_init", "host"));
-    ok(&out, &fx.log());
-    let tp = fx.take_tp_log();
-    assert!(tp.contains(&"a init stage=1 -> 0".to_owned()));
-    assert!(lines_with(&tp, "final_state=1").len() == 1, "{tp:?}");
-    assert_eq!(lines_with(&tp, "PAUSE_DEVICES").len(), 4);
-    assert!(lines_with(&tp, "CHECKPOINT").is_empty());
-    assert!(lines_with(&tp, "exit").is_empty(), "{tp:?}");
-    tree.assert_running();
-}
-
-#[test]
 fn restore_of_a_vanished_task_fails_cleanly() {
     let fx = Fixture::new();
     fx.plugin("a.so", "a", &[]);
@@ -948,19 +844,6 @@ fn restore_of_a_vanished_task_fails_cleanly() {
     let tp = fx.take_tp_log();
     assert!(lines_with(&tp, "RESUME").is_empty());
     assert!(tp.contains(&"a exit stage=2 ret=-1".to_owned()));
-}
-
-#[test]
-fn a_plugin_abort_kills_the_engine_and_the_kernel_releases_the_tree() {
-    let fx = Fixture::new();
-    fx.plugin("a.so", "a", &[]);
-    let tree = Tree::spawn(&fx);
-    let out = run(fx
-        .cmd("pr3076", "dump")
-        .args(["-t", &tree.root().to_string()])
-        .env("TP_a_checkpoint", "abort"));
-    assert!(!out.status.success());
-    tree.assert_running();
 }
 
 // ---------------------------------------------------------------- plugins listing
