@@ -83,7 +83,7 @@ impl State {
                     }
                 }
                 Ok(FromAgent::Hello { pid }) => self.agent = pid,
-                Ok(FromAgent::Log { level, msg }) => crate::ffi::criu::log(level, &msg),
+                Ok(FromAgent::Log { level, msg }) => crate::ffi::log::log(level, &msg),
                 Err(e) => {
                     self.gone = Some(e.to_string());
                     return;

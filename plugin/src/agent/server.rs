@@ -61,6 +61,9 @@ pub fn serve(
 ) -> i32 {
     let chan = Arc::new(chan);
     let _ = SINK.set(Arc::clone(&chan));
+    crate::ffi::log::forward_to(|level, msg| {
+        forward_log(level, msg);
+    });
     let me = Pid::try_from(std::process::id()).unwrap_or(0);
     if chan
         .send(&proto::encode(&FromAgent::Hello { pid: me }), REPLY_LIMIT)

@@ -7,7 +7,7 @@
 //!
 //! | Symbol | Signature / layout | Since |
 //! |---|---|---|
-//! | `print_on_level` | `void (unsigned level, const char *fmt, ...)` | always |
+//! | `print_on_level` | `void (unsigned level, const char *fmt, ...)` (in [`super::log`]) | always |
 //! | `add_inventory_plugin` | `int (const char *name)` | 4.0 |
 //! | `check_and_remove_inventory_plugin` | `bool (const char *name, size_t n)` (prefix match on `n` bytes); `bool (const char *name)` (exact) on hosts with `has_inventory_plugin` | 4.0 / proposed |
 //! | `has_inventory_plugin` | `bool (const char *name)` | proposed |
@@ -22,14 +22,13 @@
 use crate::backend::Pid;
 use crate::host::{Criu, FreezeAlarm, HostError, InventoryAnswer, Level};
 use crate::PLUGIN_NAME;
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::ptr::NonNull;
 use std::time::Duration;
 
-type PrintOnLevelFn = unsafe extern "C" fn(c_uint, *const c_char, ...);
 type AddInventoryFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type CheckRemovePrefixFn = unsafe extern "C" fn(*const c_char, usize) -> bool;
 type CheckRemoveExactFn = unsafe extern "C" fn(*const c_char) -> bool;
@@ -129,43 +128,6 @@ pub fn fault_strategy() -> Option<i32> {
     read_u32(c"fi_strategy", 0).map(|v| v as i32)
 }
 
-/// The text of one log line: the `cuda_plugin: ` prefix, `Error: ` or `Warn: ` for those levels
-/// (as CRIU's own `pr_err`/`pr_warn` lines say, so that `grep Error` finds the plugin's
-/// failures too), capped well under CRIU's 8 KiB message buffer ([`crate::message`]).
-#[must_use]
-pub fn line(level: u32, msg: &str) -> String {
-    use abi::criu::log_level;
-    let tag = match level {
-        log_level::ERROR => "Error: ",
-        log_level::WARN => "Warn: ",
-        _ => "",
-    };
-    let line = format!("{PLUGIN_NAME}: {tag}{msg}");
-    let mut line = crate::message::cap(&line).into_owned();
-    line.push('\n');
-    line
-}
-
-/// Logs `msg` as [`line()`] makes it through `print_on_level(level, "%s", …)`, or to stderr when
-/// CRIU's logger is absent (unit tests, other hosts).
-pub fn log(level: u32, msg: &str) {
-    // In the plugin's helper process, CRIU's logger is not ours to call: the line goes to CRIU.
-    if crate::agent::server::forward_log(level, msg) {
-        return;
-    }
-    let line = line(level, msg);
-    match criu_fn!(c"print_on_level", PrintOnLevelFn) {
-        Some(print) => {
-            let c = CString::new(line.replace('\0', "\\0")).unwrap_or_default();
-            // SAFETY: print_on_level is CRIU's variadic logger; the format is the constant "%s"
-            // and its one argument is a valid NUL-terminated string, so user text is never
-            // interpreted as a format.
-            unsafe { print(level, c"%s".as_ptr(), c.as_ptr()) };
-        }
-        None => eprint!("{line}"),
-    }
-}
-
 /// `criu_plugin_get_options`: copies of the strings after `argv[0]`, or `None` when the host
 /// lacks the service (or it fails). CRIU's array is only read.
 #[must_use]
@@ -176,7 +138,7 @@ pub fn plugin_options() -> Option<Vec<String>> {
     // SAFETY: both out-pointers are valid; CRIU fills them with its own array, which it owns.
     let r = unsafe { get(&mut argc, &mut argv) };
     if r != 0 || argv.is_null() {
-        log(
+        super::log::log(
             abi::criu::log_level::WARN,
             &format!(
                 "criu_plugin_get_options failed ({r}); using {}",
@@ -486,7 +448,7 @@ pub struct CriuHost {
 
 impl Criu for CriuHost {
     fn log(&self, level: Level, msg: &str) {
-        log(level.criu(), msg);
+        super::log::log(level.criu(), msg);
     }
 
     fn add_inventory_entry(&mut self) -> Result<(), HostError> {
@@ -563,7 +525,7 @@ mod tests {
             Err(HostError::Missing("criu_get_image_dir"))
         ));
         assert_eq!(freeze_alarm(), FreezeAlarm::Unknown, "no alarm_timeouted");
-        log(
+        crate::ffi::log::log(
             abi::criu::log_level::INFO,
             "logging falls back to stderr with %s %n intact",
         );

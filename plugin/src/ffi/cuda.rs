@@ -80,7 +80,7 @@ fn init_once(init: InitFn) -> CUresult {
     *RESULT.get_or_init(|| {
         for v in VIEW_VARIABLES {
             if let Some(old) = std::env::var_os(v) {
-                crate::ffi::criu::log(
+                super::log::log(
                     abi::criu::log_level::WARN,
                     &format!(
                         "{v}={} is ignored: the plugin enumerates every GPU in the driver's order",

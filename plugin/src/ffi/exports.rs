@@ -148,7 +148,7 @@ fn active() -> std::sync::MutexGuard<'static, Option<Active>> {
 }
 
 fn log(level: Level, msg: &str) {
-    criu::log(level.criu(), msg);
+    super::log::log(level.criu(), msg);
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

@@ -4,7 +4,8 @@
 //! |---|---|
 //! | [`exports`] | `CR_PLUGIN_DESC`, the `.init_array` constructor that clamps `max_hooks`, and the `extern "C"` entry points, each under one panic guard |
 //! | [`agent`] | the helper process's channel (`SOCK_SEQPACKET` pair), its double fork into a session of its own with only its descriptors, CRIU's pidfd, syslog |
-//! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (`print_on_level`, the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |
+//! | [`log`] | `dlsym(RTLD_DEFAULT)` of CRIU's logger, `print_on_level`, and the variadic call to it |
+//! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |
 //! | [`cuda`] | `libcuda.so.1` opened with libloading, and the driver calls |
 //! | [`nvml`] | `libnvidia-ml.so.1` opened with libloading: GPU memory and its processes |
 //! | [`ptrace`] | resuming and re-stopping one traced thread |
@@ -20,6 +21,7 @@ pub mod agent;
 pub mod criu;
 pub mod cuda;
 pub mod exports;
+pub mod log;
 pub mod nvml;
 pub mod ptrace;
 pub mod spawn;
@@ -94,12 +96,12 @@ pub fn pin_self() {
         c.to_string_lossy().into_owned()
     };
     if handle.is_null() {
-        criu::log(
+        log::log(
             abi::criu::log_level::WARN,
             &format!("cannot pin {name} in memory; an abandoned driver call may outlive it"),
         );
     } else {
-        criu::log(
+        log::log(
             abi::criu::log_level::INFO,
             &format!("pinned {name} in memory: a driver call was abandoned"),
         );
