@@ -49,7 +49,7 @@ pub mod pool;
 mod step;
 mod world;
 
-pub use artifacts::{find_criu, Artifacts};
+pub use artifacts::{find_criu, Artifacts, ARTIFACTS_VAR};
 pub use corpus::{
     check_snapshot, collect, read_snapshot, run_corpus, run_rows, run_scenario, snapshot_name,
     CorpusOptions, Row,
