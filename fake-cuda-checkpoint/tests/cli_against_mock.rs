@@ -251,13 +251,13 @@ fn state_changes_are_seen_across_processes_both_ways() {
     let trace = w.trace();
     assert!(
         trace.contains(&format!(
-            "{} cuCheckpointProcessLock(pid={app}, timeoutMs=0) = CUDA_SUCCESS\n{} cuda-checkpoint(--action lock --pid {app}) = exit=0\n",
+            "{} cuda-checkpoint cuCheckpointProcessLock(pid={app}, timeoutMs=0) = CUDA_SUCCESS\n{} cuda-checkpoint cuda-checkpoint(--action lock --pid {app}) = exit=0\n",
             lock.pid, lock.pid
         )),
         "{trace}"
     );
     let ckpt_line = format!(
-        "{} cuCheckpointProcessCheckpoint(pid={app}) = CUDA_SUCCESS",
+        "{} cuda-checkpoint cuCheckpointProcessCheckpoint(pid={app}) = CUDA_SUCCESS",
         ckpt.pid
     );
     assert!(trace.contains(&ckpt_line), "{trace}");
@@ -510,7 +510,8 @@ action = { kind = "crash", signal = "SIGABRT" }
     let trace = w.trace();
     let cli_lines: Vec<String> = trace
         .lines()
-        .filter_map(|l| l.split_once(' ').map(|(_, rest)| rest))
+        // `<caller> <program> <call> = <result>`: the call and its result.
+        .filter_map(|l| l.splitn(3, ' ').nth(2))
         .filter(|l| l.starts_with("cuda-checkpoint(") || l.starts_with("cuCheckpointProcessLock"))
         .map(|l| name_numbers(l, &[(i64::from(app), "<APP>")]))
         .collect();

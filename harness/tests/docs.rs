@@ -1254,12 +1254,11 @@ struct Call {
 fn parse_trace(text: &str) -> Vec<Call> {
     text.lines()
         .filter_map(|l| {
-            let (caller, rest) = l.split_once(' ')?;
-            let (call, result) = rest.rsplit_once(" = ")?;
+            let t = mock_cuda_world::trace::parse_line(l)?;
             Some(Call {
-                caller: caller.parse().ok()?,
-                call: call.to_owned(),
-                result: result.to_owned(),
+                caller: t.caller.parse().ok()?,
+                call: t.call.to_owned(),
+                result: t.result.to_owned(),
             })
         })
         .collect()

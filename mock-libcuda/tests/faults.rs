@@ -23,11 +23,9 @@ fn fault(function: &str, keys: &str, action: &str) -> String {
 
 /// This process's calls in the world's trace, with `names` given to numbers (pids).
 fn my_trace(w: &TestWorld, names: &[(i32, &str)]) -> Vec<String> {
-    let me = format!("{} ", std::process::id());
-    w.world
-        .read_trace()
-        .lines()
-        .filter_map(|l| l.strip_prefix(&me))
+    let trace = w.world.read_trace();
+    mock_cuda_world::trace::calls_by(&trace, &std::process::id().to_string())
+        .into_iter()
         .map(|l| {
             names
                 .iter()
@@ -56,10 +54,10 @@ fn name_number(text: &str, n: i32, label: &str) -> String {
 
 fn assert_traced(w: &TestWorld, line: &str) {
     let trace = w.world.read_trace();
-    let want = format!("{} {line}\n", std::process::id());
+    let mine = mock_cuda_world::trace::calls_by(&trace, &std::process::id().to_string());
     assert!(
-        trace.contains(&want),
-        "no line {want:?} in the trace:\n{trace}"
+        mine.contains(&line),
+        "no line {line:?} of this process in the trace:\n{trace}"
     );
 }
 

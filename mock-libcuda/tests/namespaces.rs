@@ -254,9 +254,14 @@ fn containers_are_found_by_their_host_pids() -> R {
     // The trace names the workload's own calls by its namespace identity, the host's calls
     // by their pid.
     let trace = w.world.read_trace();
-    let me = format!("{} cuCheckpointProcessLock(pid={ha}, ", std::process::id());
-    ensure!(trace.contains(&me), "no {me:?} in\n{trace}");
-    let own = format!("1@pid:[{ns_a}] cuMemAlloc(");
+    let lock = format!("cuCheckpointProcessLock(pid={ha}, ");
+    ensure!(
+        mock_cuda_world::trace::calls_by(&trace, &std::process::id().to_string())
+            .iter()
+            .any(|c| c.starts_with(&lock)),
+        "no {lock:?} of this process in\n{trace}"
+    );
+    let own = format!("1@pid:[{ns_a}] mock-cuda-app cuMemAlloc(");
     ensure!(trace.contains(&own), "no {own:?} in\n{trace}");
 
     // `mock-world status` shows the host pid and the namespace pid.

@@ -361,7 +361,7 @@ fn gpus_memory_and_the_compute_processes_of_each_gpu_by_pid() {
     assert_eq!(nvml.shutdown(), NvmlReturn::SUCCESS);
 
     let trace = w.world.read_trace();
-    let me = std::process::id();
+    let mine = mock_cuda_world::trace::calls_by(&trace, &std::process::id().to_string());
     for line in [
         "nvmlInit_v2() = NVML_SUCCESS",
         "nvmlDeviceGetCount_v2() = NVML_SUCCESS",
@@ -373,8 +373,8 @@ fn gpus_memory_and_the_compute_processes_of_each_gpu_by_pid() {
         "nvmlShutdown() = NVML_SUCCESS",
     ] {
         assert!(
-            trace.contains(&format!("{me} {line}\n")),
-            "no {line:?} in the trace:\n{trace}"
+            mine.contains(&line),
+            "no {line:?} of this process in the trace:\n{trace}"
         );
     }
 }

@@ -13,48 +13,45 @@ impl Exec<'_> {
         let new = text.get(self.trace_offset..).unwrap_or("").to_owned();
         self.trace_offset = text.len();
         let tasks: BTreeSet<i32> = self.pids.values().copied().collect();
-        // Calls made by others than the workload's tasks, as (caller, call). A caller in
-        // another pid namespace than the world's host is `<nspid>@pid:[<inode>]`: a task when
-        // the runner knows it, else someone else (-1).
-        let calls: Vec<(i32, &str)> = new
+        // Calls made by others than the workload's tasks, as (caller, program, call): the
+        // mock names the calling program in each line. A caller in another pid namespace than
+        // the world's host is `<nspid>@pid:[<inode>]`: a task when the runner knows it, else
+        // someone else (-1).
+        let calls: Vec<(i32, &str, &str)> = new
             .lines()
             .filter_map(|l| {
-                let (caller, call) = l.split_once(' ')?;
-                match caller.parse::<i32>() {
-                    Ok(pid) => Some((pid, call)),
+                let t = mock_cuda_world::trace::parse_line(l)?;
+                let pid = match t.caller.parse::<i32>() {
+                    Ok(pid) => pid,
                     Err(_) => {
-                        let (nspid, ns) = caller.split_once("@pid:[")?;
+                        let (nspid, ns) = t.caller.split_once("@pid:[")?;
                         let key = (ns.strip_suffix(']')?.parse().ok()?, nspid.parse().ok()?);
                         let task = self.ns_names.get(&key).and_then(|n| self.pids.get(n));
-                        Some((task.copied().unwrap_or(-1), call))
+                        task.copied().unwrap_or(-1)
                     }
-                }
+                };
+                // `<function>(<args>) = <RESULT>`, as the line has it.
+                let call = &l[t.caller.len() + t.program.len() + 2..];
+                Some((pid, t.program, call))
             })
-            .filter(|(caller, _)| !tasks.contains(caller))
+            .filter(|(caller, _, _)| !tasks.contains(caller))
             .collect();
-        // A process is a `cuda-checkpoint` run if any of its lines says so, also its earlier ones.
-        for (caller, call) in &calls {
-            if call.starts_with("cuda-checkpoint(") {
+        for (caller, program, _) in &calls {
+            if *program == CLI_PROGRAM {
                 self.cli_pids.insert(*caller);
             }
         }
-        let lines: Vec<(i32, String)> = calls
-            .iter()
-            .map(|(pid, call)| {
-                let who = match self.procs.get(pid) {
-                    Some(l) => *l,
-                    None if self.cli_pids.contains(pid) => "cuda-checkpoint",
-                    None => "other",
-                };
-                (*pid, format!("{who} {}", self.normalise(call)))
+        let lines: Vec<(i32, String)> = without_handshakes(&calls)
+            .into_iter()
+            .map(|(pid, program, call)| {
+                (pid, format!("{} {}", label(program), self.normalise(call)))
             })
             .collect();
-        let ordered = if self.parallel_mode() {
+        if self.parallel_mode() {
             order_concurrent(lines, &self.cli_pids)
         } else {
             lines.into_iter().map(|(_, l)| l).collect()
-        };
-        ordered.into_iter().filter(|l| !is_handshake(l)).collect()
+        }
     }
 
     /// Whether the scenario runs the plugin's parallel mode (`cuda_plugin.parallel=` other
@@ -184,15 +181,48 @@ impl Exec<'_> {
     }
 }
 
-/// Whether a driver-trace line is one of the `cuda-checkpoint` utility's successful start-up
-/// calls (`cuDriverGetVersion`, `cuGetExportTable`, `cuInit`), which every run makes before its
-/// action: its `cuda-checkpoint(...)` line and its checkpoint API call say what it did. A failed
-/// start-up call stays (it is behaviour), and so do the start-up calls of a run that never
-/// finished (`other`): they are all that shows it ran.
-pub(super) fn is_handshake(line: &str) -> bool {
-    let Some(call) = line.strip_prefix("cuda-checkpoint ") else {
-        return false;
-    };
+/// The name the mock's trace gives a `cuda-checkpoint` run (its process name).
+const CLI_PROGRAM: &str = "cuda-checkpoint";
+
+/// How the transcript names the program that made a driver call (the process name the mock's
+/// trace records): CRIU, real or emulated (`harness-engine-…`, cut to 15 bytes by the kernel),
+/// is `criu`; the plugin's helper process `guardian`; the utility `cuda-checkpoint`; anyone
+/// else `other`.
+fn label(program: &str) -> &'static str {
+    match program {
+        CLI_PROGRAM => "cuda-checkpoint",
+        "cuda-guardian" => "guardian",
+        p if p == "criu" || p.starts_with("harness-engine") => "criu",
+        _ => "other",
+    }
+}
+
+/// The calls (caller, program, call) a transcript keeps: all but the successful start-up calls
+/// ([`is_handshake`]) of the utility's runs that got to their own `cuda-checkpoint(...)` line.
+fn without_handshakes<'a>(calls: &[(i32, &'a str, &'a str)]) -> Vec<(i32, &'a str, &'a str)> {
+    let finished: BTreeSet<i32> = calls
+        .iter()
+        .filter(|(_, program, call)| {
+            *program == CLI_PROGRAM && call.starts_with("cuda-checkpoint(")
+        })
+        .map(|(pid, _, _)| *pid)
+        .collect();
+    calls
+        .iter()
+        .filter(|(pid, program, call)| {
+            !(*program == CLI_PROGRAM && finished.contains(pid) && is_handshake(call))
+        })
+        .copied()
+        .collect()
+}
+
+/// Whether a driver call (`<function>(<args>) = <RESULT>`) is one of the `cuda-checkpoint`
+/// utility's successful start-up calls (`cuDriverGetVersion`, `cuGetExportTable`, `cuInit`),
+/// which every run makes before its action: its `cuda-checkpoint(...)` line and its checkpoint
+/// API call say what it did, so the transcript leaves them out of a run that got to that line. A
+/// failed start-up call stays (it is behaviour), and so do the start-up calls of a run that
+/// never finished: they are all that shows it ran.
+pub(super) fn is_handshake(call: &str) -> bool {
     call.ends_with(") = CUDA_SUCCESS")
         && ["cuDriverGetVersion(", "cuGetExportTable(", "cuInit("]
             .iter()
@@ -292,7 +322,7 @@ fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<Strin
     let mut blocks: Vec<Vec<String>> = Vec::new();
     let mut at: BTreeMap<i32, usize> = BTreeMap::new();
     for (pid, line) in lines {
-        // A utility run that never got to its own line is not known as one: `other`.
+        // A utility run's lines, and those of an unknown caller, are one block per process.
         if cli.contains(&pid) || line.starts_with("other ") {
             if let Some(&b) = at.get(&pid) {
                 blocks[b].push(line);
@@ -326,12 +356,15 @@ fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<Strin
         };
         Some(format!("{who} {what}"))
     };
-    // A run that never got to its own line (`other`) started among a batch of concurrent runs:
-    // whether its first line came before or after theirs is timing. Placed after the batch that
-    // follows it (two or more runs of one kind), it sorts the same way on every run.
+    // A run that never got to its own line started among a batch of concurrent runs: whether
+    // its first line came before or after theirs is timing. Placed after the batch that follows
+    // it (two or more runs of one kind), it sorts the same way on every run.
+    let unfinished = |b: &[String]| {
+        (b[0].starts_with("cuda-checkpoint ") || b[0].starts_with("other ")) && kind_of(b).is_none()
+    };
     let mut i = 0;
     while i + 1 < blocks.len() {
-        if blocks[i][0].starts_with("other ") && kind_of(&blocks[i]).is_none() {
+        if unfinished(&blocks[i]) {
             let k = kind_of(&blocks[i + 1]);
             let mut j = i + 1;
             while j < blocks.len()
@@ -389,7 +422,7 @@ mod tests {
             10,
             "cuda-checkpoint cuda-checkpoint(--action lock --pid g1) = exit=0",
         );
-        let hung = l(13, "other cuInit(flags=0) = CUDA_SUCCESS");
+        let hung = l(13, "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS");
         let a = l(
             11,
             "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g1) = exit=0",
@@ -411,10 +444,12 @@ mod tests {
         );
         let last = order_concurrent(vec![lock, a, b, hung, after], &cli);
         assert_eq!(first, last);
+        // It joins the batch of checkpoints that followed it and sorts by its text there.
         assert_eq!(
-            first[3], "other cuInit(flags=0) = CUDA_SUCCESS",
+            first[1], "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
             "{first:#?}"
         );
+        assert_eq!(first[4], "guardian cuInit(flags=0) = CUDA_SUCCESS");
     }
 
     #[test]
@@ -484,20 +519,53 @@ mod tests {
     }
 
     #[test]
-    fn only_successful_start_up_calls_of_finished_utility_runs_are_folded() {
+    fn a_finished_run_loses_its_start_up_calls_and_an_unfinished_one_keeps_them() {
+        let cli = "cuda-checkpoint";
+        let calls = [
+            (10, cli, "cuDriverGetVersion() = CUDA_SUCCESS"),
+            (11, cli, "cuDriverGetVersion() = CUDA_SUCCESS"),
+            (10, cli, "cuInit(flags=0) = CUDA_SUCCESS"),
+            (11, cli, "cuInit(flags=0) = CUDA_SUCCESS"),
+            (
+                10,
+                cli,
+                "cuCheckpointProcessLock(pid=g1, timeoutMs=0) = CUDA_SUCCESS",
+            ),
+            (10, cli, "cuda-checkpoint(--action lock --pid g1) = exit=0"),
+            (12, "cuda-guardian", "cuInit(flags=0) = CUDA_SUCCESS"),
+        ];
+        assert_eq!(
+            without_handshakes(&calls),
+            [
+                (11, cli, "cuDriverGetVersion() = CUDA_SUCCESS"),
+                (11, cli, "cuInit(flags=0) = CUDA_SUCCESS"),
+                (
+                    10,
+                    cli,
+                    "cuCheckpointProcessLock(pid=g1, timeoutMs=0) = CUDA_SUCCESS"
+                ),
+                (10, cli, "cuda-checkpoint(--action lock --pid g1) = exit=0"),
+                (12, "cuda-guardian", "cuInit(flags=0) = CUDA_SUCCESS"),
+            ]
+        );
+        assert_eq!(label("harness-engine-"), "criu");
+        assert_eq!(label("cuda-guardian"), "guardian");
+        assert_eq!(label("mock-world"), "other");
+    }
+
+    #[test]
+    fn only_successful_start_up_calls_are_handshakes() {
         for folded in [
-            "cuda-checkpoint cuDriverGetVersion() = CUDA_SUCCESS",
-            "cuda-checkpoint cuGetExportTable(id=GPU-69a28e9f) = CUDA_SUCCESS",
-            "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
+            "cuDriverGetVersion() = CUDA_SUCCESS",
+            "cuGetExportTable(id=GPU-69a28e9f) = CUDA_SUCCESS",
+            "cuInit(flags=0) = CUDA_SUCCESS",
         ] {
             assert!(is_handshake(folded), "{folded}");
         }
         for kept in [
-            "cuda-checkpoint cuInit(flags=0) = CUDA_ERROR_NO_DEVICE",
-            "other cuInit(flags=0) = CUDA_SUCCESS",
-            "guardian cuInit(flags=0) = CUDA_SUCCESS",
-            "cuda-checkpoint cuCheckpointProcessLock(pid=root, timeoutMs=0) = CUDA_SUCCESS",
-            "cuda-checkpoint cuda-checkpoint(--get-state --pid root) = exit=0",
+            "cuInit(flags=0) = CUDA_ERROR_NO_DEVICE",
+            "cuCheckpointProcessLock(pid=root, timeoutMs=0) = CUDA_SUCCESS",
+            "cuda-checkpoint(--get-state --pid root) = exit=0",
         ] {
             assert!(!is_handshake(kept), "{kept}");
         }
