@@ -1014,19 +1014,19 @@ fn dump_fails(c: &mut Case, f: Failure) -> R {
         Failure::Lock | Failure::Timeout => "PAUSE_DEVICES",
         Failure::Checkpoint | Failure::CheckpointHang => "CHECKPOINT_DEVICES",
     };
-    let failed_line = format!("cuda_plugin: Error: {hook} pid {second}:");
+    // `Error: PAUSE_DEVICES: failed to lock pid P via …`, or with the task named up front when
+    // there is no cause to quote (`Error: PAUSE_DEVICES pid P: …`): the pid once, either way.
+    let error = format!("cuda_plugin: Error: {hook}");
+    let (named, ended) = (format!("pid {second} "), format!("pid {second}:"));
+    let failed = |l: &&str| {
+        l.contains(&error) && (l.contains(&named) || l.contains(&ended)) && !l.contains("done in")
+    };
     ensure!(
-        d.log
-            .lines()
-            .any(|l| l.contains(&failed_line) && !l.contains("done in")),
-        "no plugin error for the 2nd CUDA task ({failed_line}); log tail:\n{}",
+        d.log.lines().any(|l| failed(&l)),
+        "no plugin error for the 2nd CUDA task ({error} … pid {second}); log tail:\n{}",
         tail(&d.log, 25)
     );
-    if let Some(l) = d
-        .log
-        .lines()
-        .find(|l| l.contains(&failed_line) && !l.contains("done in"))
-    {
+    if let Some(l) = d.log.lines().find(failed) {
         println!("    {}", l.trim());
     }
     c.check_running()?;
