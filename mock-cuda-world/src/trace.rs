@@ -96,6 +96,8 @@ pub struct TraceLine<'a> {
     pub caller: &'a str,
     /// The calling process's name.
     pub program: &'a str,
+    /// `<function>(<args>) = <RESULT>`, as the line has it.
+    pub entry: &'a str,
     /// `<function>(<args>)`.
     pub call: &'a str,
     /// What it returned (`CUDA_SUCCESS`, `exit=0`, …).
@@ -106,11 +108,12 @@ pub struct TraceLine<'a> {
 #[must_use]
 pub fn parse_line(line: &str) -> Option<TraceLine<'_>> {
     let (caller, rest) = line.split_once(' ')?;
-    let (program, rest) = rest.split_once(' ')?;
-    let (call, result) = rest.rsplit_once(" = ")?;
+    let (program, entry) = rest.split_once(' ')?;
+    let (call, result) = entry.rsplit_once(" = ")?;
     Some(TraceLine {
         caller,
         program,
+        entry,
         call,
         result,
     })
@@ -123,7 +126,7 @@ pub fn calls_by<'a>(text: &'a str, caller: &str) -> Vec<&'a str> {
     text.lines()
         .filter_map(|l| {
             let t = parse_line(l)?;
-            (t.caller == caller).then(|| &l[t.caller.len() + t.program.len() + 2..])
+            (t.caller == caller).then_some(t.entry)
         })
         .collect()
 }
@@ -152,6 +155,7 @@ mod tests {
         assert_eq!(t.caller, w.caller());
         assert_eq!(t.program, program());
         assert!(!t.program.is_empty() && !t.program.contains(' '), "{line}");
+        assert_eq!(t.entry, "cuInit(flags=0) = CUDA_SUCCESS");
         assert_eq!(t.call, "cuInit(flags=0)");
         assert_eq!(t.result, "CUDA_SUCCESS");
         assert_eq!(text.lines().count(), 2, "{text}");

@@ -25,7 +25,7 @@ use crate::env::Environment;
 use crate::error::PluginError;
 use crate::gpu_map::{self, MapSpec};
 use crate::host::Host;
-pub use crate::host::InventoryAnswer;
+use crate::host::InventoryAnswer;
 use crate::image::{TaskImage, TaskList};
 use crate::options::{self, OptionSource, Options};
 use crate::select::{select, SelectError, Selected, Selection};

@@ -82,18 +82,13 @@ impl Artifacts {
     /// # Errors
     /// A build that fails or an artifact still missing after it.
     pub fn locate(profile: &Path, harness: &Path) -> Result<Self, String> {
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap_or(Path::new("."))
-            .to_path_buf();
-        let make = || Self::at(profile, harness);
-        let a = make();
+        let a = Self::at(profile, harness);
         if a.missing().is_none() && !a.stale() {
             return Ok(a);
         }
         static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-        BUILT.get_or_init(|| build(profile, &workspace)).clone()?;
-        let a = make();
+        BUILT.get_or_init(|| build(profile, &a.workspace)).clone()?;
+        let a = Self::at(profile, harness);
         match a.missing() {
             None => Ok(a),
             Some(p) => Err(format!("{} is missing after the build", p.display())),

@@ -244,8 +244,7 @@ pub fn run_scenario(
 
 /// Whether `report` matches its snapshot in `snaps`: `None` when it does or none applies (a
 /// run that did not pass, or another plugin's), else why not, with the transcript.
-#[must_use]
-pub fn check_snapshot(name: &str, report: &Report, snaps: &Path) -> Option<String> {
+fn check_snapshot(name: &str, report: &Report, snaps: &Path) -> Option<String> {
     if report.verdict != Verdict::Pass || !report.snapshot_applies {
         return None;
     }

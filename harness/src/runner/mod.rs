@@ -51,8 +51,7 @@ mod world;
 
 pub use artifacts::{find_criu, Artifacts, ARTIFACTS_VAR};
 pub use corpus::{
-    check_snapshot, collect, read_snapshot, run_corpus, run_rows, run_scenario, snapshot_name,
-    CorpusOptions, Row,
+    collect, read_snapshot, run_corpus, run_rows, run_scenario, snapshot_name, CorpusOptions, Row,
 };
 use normalise::known_lock_timeouts;
 pub(crate) use step::{guardian_pids, wait_gone};

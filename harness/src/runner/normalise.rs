@@ -30,9 +30,7 @@ impl Exec<'_> {
                         task.copied().unwrap_or(-1)
                     }
                 };
-                // `<function>(<args>) = <RESULT>`, as the line has it.
-                let call = &l[t.caller.len() + t.program.len() + 2..];
-                Some((pid, t.program, call))
+                Some((pid, t.program, t.entry))
             })
             .filter(|(caller, _, _)| !tasks.contains(caller))
             .collect();
@@ -222,7 +220,7 @@ fn without_handshakes<'a>(calls: &[(i32, &'a str, &'a str)]) -> Vec<(i32, &'a st
 /// API call say what it did, so the transcript leaves them out of a run that got to that line. A
 /// failed start-up call stays (it is behaviour), and so do the start-up calls of a run that
 /// never finished: they are all that shows it ran.
-pub(super) fn is_handshake(call: &str) -> bool {
+fn is_handshake(call: &str) -> bool {
     call.ends_with(") = CUDA_SUCCESS")
         && ["cuDriverGetVersion(", "cuGetExportTable(", "cuInit("]
             .iter()

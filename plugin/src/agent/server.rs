@@ -21,11 +21,12 @@ const REPLY_LIMIT: Duration = Duration::from_secs(5);
 /// through it (see [`forward_log`]).
 static SINK: OnceLock<Arc<Channel>> = OnceLock::new();
 
-/// In the helper process: sends a log line to CRIU, which logs it as its own. Returns false
-/// outside the helper (the caller logs directly).
-pub fn forward_log(level: u32, msg: &str) -> bool {
+/// In the helper process: sends a log line to CRIU, which logs it as its own (the helper
+/// registers this as the log's forward, [`crate::ffi::log::forward_to`]). Outside the helper
+/// there is no channel, and the line is dropped.
+pub fn forward_log(level: u32, msg: &str) {
     let Some(chan) = SINK.get() else {
-        return false;
+        return;
     };
     let _ = chan.send(
         &proto::encode(&FromAgent::Log {
@@ -34,7 +35,6 @@ pub fn forward_log(level: u32, msg: &str) -> bool {
         }),
         REPLY_LIMIT,
     );
-    true
 }
 
 /// Calls in flight: id → the moment CRIU stops waiting for it, and how long that wait is
@@ -61,9 +61,7 @@ pub fn serve(
 ) -> i32 {
     let chan = Arc::new(chan);
     let _ = SINK.set(Arc::clone(&chan));
-    crate::ffi::log::forward_to(|level, msg| {
-        forward_log(level, msg);
-    });
+    crate::ffi::log::forward_to(forward_log);
     let me = Pid::try_from(std::process::id()).unwrap_or(0);
     if chan
         .send(&proto::encode(&FromAgent::Hello { pid: me }), REPLY_LIMIT)

@@ -125,12 +125,14 @@ pub fn enumerate_gpus_within(
 /// (needed by both backends: `cuda-checkpoint` itself runs on it).
 pub fn enumerate_gpus() -> Result<Vec<GpuInfo>, GpuError> {
     let lib = library()?;
-    let init = (|| Ok::<_, LoadError>(entry!(lib, "cuInit", InitFn)))()?;
-    let count_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetCount", DeviceGetCountFn)))()?;
-    let get = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGet", DeviceGetFn)))()?;
+    // `entry!`'s `?` turns a missing symbol into `GpuError::Load`; only the two look-ups with a
+    // fallback name go through a closure, to fall back to the older name.
+    let init = entry!(lib, "cuInit", InitFn);
+    let count_fn = entry!(lib, "cuDeviceGetCount", DeviceGetCountFn);
+    let get = entry!(lib, "cuDeviceGet", DeviceGetFn);
     let uuid_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetUuid_v2", DeviceGetUuidFn)))()
         .or_else(|_| (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetUuid", DeviceGetUuidFn)))())?;
-    let name_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceGetName", DeviceGetNameFn)))()?;
+    let name_fn = entry!(lib, "cuDeviceGetName", DeviceGetNameFn);
     let mem_fn = (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceTotalMem_v2", DeviceTotalMemFn)))()
         .or_else(|_| {
             (|| Ok::<_, LoadError>(entry!(lib, "cuDeviceTotalMem", DeviceTotalMemFn)))()

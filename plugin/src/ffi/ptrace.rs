@@ -238,7 +238,7 @@ impl ThreadControl for Ptrace {
             if start.elapsed() >= LIMIT {
                 return Err(ThreadError::KillTimeout {
                     pid,
-                    ms: u64::try_from(LIMIT.as_millis()).unwrap_or(u64::MAX),
+                    ms: crate::message::millis(LIMIT),
                 });
             }
             std::thread::sleep(pause);
