@@ -137,6 +137,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+pub mod matrix;
+pub use matrix::Variant;
+
 /// One scenario file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -652,33 +655,101 @@ pub enum ScenarioError {
 }
 
 impl Scenario {
-    /// Parses `text` (from `path`, for messages).
+    /// Parses `text` (from `path`, for messages): a file without a `[matrix]`.
     ///
     /// # Errors
-    /// Syntax errors, unknown keys, and inconsistent task or plugin lists.
+    /// Syntax errors, unknown keys, and inconsistent task or plugin lists; a file with a
+    /// `[matrix]` (its variants are parsed with [`Scenario::parse_variants`]).
     pub fn parse(path: &str, text: &str) -> Result<Self, ScenarioError> {
-        let s: Self = toml::from_str(text).map_err(|e| ScenarioError::Parse {
-            path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
-        })?;
-        s.validate().map_err(|message| ScenarioError::Invalid {
-            path: path.to_owned(),
-            message,
-        })?;
-        Ok(s)
+        let mut all = Self::parse_variants(path, text)?;
+        match (all.len(), all.first()) {
+            (1, Some((v, _))) if *v == Variant::default() => Ok(all.remove(0).1),
+            (n, _) => Err(ScenarioError::Invalid {
+                path: path.to_owned(),
+                message: format!("has a [matrix] of {n} variants: name one (NAME@VARIANT)"),
+            }),
+        }
     }
 
-    /// Reads and parses a scenario file.
+    /// Parses `text` (from `path`, for messages) into its variants ([`matrix`]): one,
+    /// [`Variant::default`], for a file without a `[matrix]`.
+    ///
+    /// # Errors
+    /// As [`Scenario::parse`] for any variant (the message names it), and a malformed matrix.
+    pub fn parse_variants(path: &str, text: &str) -> Result<Vec<(Variant, Self)>, ScenarioError> {
+        let parse_err = |message: String| ScenarioError::Parse {
+            path: path.to_owned(),
+            message,
+        };
+        let invalid = |message: String| ScenarioError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| parse_err(e.to_string().trim_end().to_owned()))?;
+        let Some(variants) = matrix::expand(table).map_err(invalid)? else {
+            // Parsed from the text, so that an error shows the line.
+            let s: Self =
+                toml::from_str(text).map_err(|e| parse_err(e.to_string().trim_end().to_owned()))?;
+            s.validate().map_err(invalid)?;
+            return Ok(vec![(Variant::default(), s)]);
+        };
+        variants
+            .into_iter()
+            .map(|(v, t)| {
+                let at = |m: String| format!("variant {}: {m}", v.suffix());
+                let s: Self = toml::Value::Table(t)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| parse_err(at(e.to_string().trim_end().to_owned())))?;
+                s.validate().map_err(|m| invalid(at(m)))?;
+                Ok((v, s))
+            })
+            .collect()
+    }
+
+    /// Reads and parses a scenario file without a `[matrix]`.
     ///
     /// # Errors
     /// As [`Scenario::parse`], plus I/O.
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
+        Self::load_variant(path, None)
+    }
+
+    /// Reads a scenario file and parses its variants.
+    ///
+    /// # Errors
+    /// As [`Scenario::parse_variants`], plus I/O.
+    pub fn load_variants(path: &Path) -> Result<Vec<(Variant, Self)>, ScenarioError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
             path: shown.clone(),
             source,
         })?;
-        Self::parse(&shown, &text)
+        Self::parse_variants(&shown, &text)
+    }
+
+    /// Reads a scenario file and parses the variant named by `suffix` (the part of a scenario's
+    /// name after `@`; `None` for a file without a `[matrix]`).
+    ///
+    /// # Errors
+    /// As [`Scenario::load_variants`], and a variant the file does not have.
+    pub fn load_variant(path: &Path, suffix: Option<&str>) -> Result<Self, ScenarioError> {
+        let all = Self::load_variants(path)?;
+        let want = suffix.unwrap_or("");
+        let names: Vec<String> = all.iter().map(|(v, _)| v.suffix()).collect();
+        all.into_iter()
+            .find(|(v, _)| v.suffix() == want)
+            .map(|(_, s)| s)
+            .ok_or_else(|| ScenarioError::Invalid {
+                path: path.display().to_string(),
+                message: match suffix {
+                    None => format!(
+                        "has a [matrix]: name one of its variants (NAME@VARIANT): {}",
+                        names.join(", ")
+                    ),
+                    Some(x) => format!("has no variant `{x}` (it has: {})", names.join(", ")),
+                },
+            })
     }
 
     fn validate(&self) -> Result<(), String> {

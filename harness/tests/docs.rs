@@ -1957,8 +1957,13 @@ fn trials() -> Vec<Trial> {
         let name = format!("{}:scenario", b.at());
         let (at, text) = (b.at(), b.text.clone());
         out.push(Trial::test(name.clone(), move || {
-            let s = harness::scenario::Scenario::parse(&at, &text).map_err(|e| e.to_string())?;
-            println!("    {name}: ok: parses ({} step(s))", s.steps.len());
+            let all = harness::scenario::Scenario::parse_variants(&at, &text)
+                .map_err(|e| e.to_string())?;
+            let steps: usize = all.iter().map(|(_, s)| s.steps.len()).sum();
+            println!(
+                "    {name}: ok: parses ({} variant(s), {steps} step(s))",
+                all.len()
+            );
             Ok(())
         }));
     }

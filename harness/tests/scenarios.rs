@@ -18,6 +18,7 @@ use std::process::ExitCode;
 
 use harness::kit::PluginUnderTest;
 use harness::runner::{self, Artifacts, CorpusOptions, RunOptions, Verdict};
+use harness::scenario::matrix::split_name;
 use harness::scenario::Scenario;
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -104,7 +105,7 @@ fn main() -> ExitCode {
     let art_dir = std::path::PathBuf::from(MANIFEST).join("..");
     let trials = runner::collect(&corpus_dir())
         .into_iter()
-        .map(|(name, path)| match Scenario::load(&path) {
+        .map(|(name, path)| match Scenario::load_variant(&path, split_name(&name).1) {
             Err(e) => Trial::test(name, move || Err(e.to_string().into())),
             Ok(s) => {
                 let kind = if s.host.engine == harness::scenario::EngineKind::Criu {

@@ -263,7 +263,8 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
     let mut descriptions = std::collections::BTreeMap::new();
     for p in &paths {
         for (name, file) in runner::collect(p) {
-            if let Ok(s) = harness::scenario::Scenario::load(&file) {
+            let variant = harness::scenario::matrix::split_name(&name).1;
+            if let Ok(s) = harness::scenario::Scenario::load_variant(&file, variant) {
                 descriptions.insert(name, s.description);
             }
         }

@@ -3,10 +3,33 @@
 
 use super::*;
 
-/// Every `*.toml` under `dir`, sorted, with its name: the path relative to `dir` without the
-/// extension.
+/// Every scenario under `dir` (a `*.toml` file, or a variant of one with a `[matrix]`), sorted,
+/// with its name: the path relative to `dir` without the extension, and for a variant `@` and
+/// its values (`containers/pid@criu-4.1,driver-api`). A file that does not parse is listed
+/// under its file's name (running it reports the error).
 #[must_use]
 pub fn collect(dir: &Path) -> Vec<(String, PathBuf)> {
+    collect_files(dir)
+        .into_iter()
+        .flat_map(|(name, p)| {
+            let suffixes: Vec<String> = match Scenario::load_variants(&p) {
+                Ok(all) => all.iter().map(|(v, _)| v.suffix()).collect(),
+                Err(_) => vec![String::new()],
+            };
+            suffixes.into_iter().map(move |x| {
+                let name = if x.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{name}@{x}")
+                };
+                (name, p.clone())
+            })
+        })
+        .collect()
+}
+
+/// Every `*.toml` under `dir`, sorted, with the path relative to `dir` without the extension.
+fn collect_files(dir: &Path) -> Vec<(String, PathBuf)> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         let Ok(rd) = std::fs::read_dir(dir) else {
             return;
@@ -127,14 +150,17 @@ pub fn run_rows(paths: &[PathBuf], art: &Artifacts, opts: &CorpusOptions) -> (Ve
             root.clone()
         };
         let corpus = find_corpus_root(&base);
-        for (_, p) in collect(root) {
+        for (listed, p) in collect(root) {
             let p = std::fs::canonicalize(&p).unwrap_or(p);
-            let name = p
+            let mut name = p
                 .strip_prefix(&corpus)
                 .unwrap_or(&p)
                 .with_extension("")
                 .display()
                 .to_string();
+            if let (_, Some(v)) = crate::scenario::matrix::split_name(&listed) {
+                name = format!("{name}@{v}");
+            }
             work.push((name, p, corpus.join("snapshots")));
         }
     }
@@ -223,7 +249,7 @@ pub fn run_scenario(
     art: &Artifacts,
     opts: &CorpusOptions,
 ) -> Row {
-    let s = match Scenario::load(path) {
+    let s = match Scenario::load_variant(path, crate::scenario::matrix::split_name(name).1) {
         Ok(s) => s,
         Err(e) => {
             return Row {
