@@ -7,6 +7,7 @@
 //! cfg changes the whole build).
 
 use harness::runner::{self, Artifacts, RunOptions, Verdict};
+use harness::scenario::matrix::split_name;
 use harness::scenario::Scenario;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,13 +20,13 @@ const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 const ROLLBACK_PINNED: &[&str] = &[
     "cuda/rollback/driver-api/checkpoint-failure-restores-and-unlocks-the-others",
     "cuda/rollback/driver-api/checkpoint-error-after-state-change-is-rolled-back",
-    "cuda/rollback/driver-api/dump-late-failure-of-another-plugin-rolls-back",
+    "cuda/rollback/dump-late-failure-of-another-plugin-rolls-back@driver-api",
     "cuda/rollback/driver-api/rollback-on-4.1-host",
     "cuda/rollback/driver-api/rollback-runs-in-exit-without-dump-finish",
     "cuda/rollback/cuda-checkpoint/checkpoint-failure-restores-and-unlocks-the-others",
     "cuda/rollback/cuda-checkpoint/checkpoint-error-after-state-change-is-rolled-back",
-    "cuda/leave-running/driver-api-leaves-every-task-running-and-unlocked",
-    "cuda/leave-running/cuda-checkpoint-leaves-every-task-running-and-unlocked",
+    "cuda/leave-running/leaves-every-task-running-and-unlocked@driver-api",
+    "cuda/leave-running/leaves-every-task-running-and-unlocked@cuda-checkpoint",
 ];
 
 fn build_mutant(target: &Path) -> PathBuf {
@@ -52,8 +53,10 @@ fn a_plugin_that_skips_its_rollback_fails_the_rollback_scenarios() {
     let corpus = Path::new(MANIFEST).join("../scenarios");
     let mut survived = Vec::new();
     for name in ROLLBACK_PINNED {
-        let path = corpus.join(format!("{name}.toml"));
-        let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (file, variant) = split_name(name);
+        let path = corpus.join(format!("{file}.toml"));
+        let s = Scenario::load_variant(&path, variant)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let report = runner::run(&s, &art, RunOptions::default());
         match report.verdict {
             Verdict::Fail(why) => eprintln!("killed: {name}: {}", why.lines().next().unwrap_or("")),
