@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Main job: fetch real CRIU 4.1.x/4.2.x into target/criu as scripts/test.sh does
 # (scripts/fetch-criu.sh, a fast no-op once present; scripts/lib/criu-env.sh), build the
-# plugin and the mocks in release mode, then run the hardware-free scenario matrix with the
-# harness and print its summary. Scenarios on a real CRIU that is still absent are skipped,
+# plugin and the mocks (the dev profile, the artifacts scripts/test.sh builds and tests: one
+# build serves both), then run the hardware-free scenario matrix with the harness and print its
+# summary. Every scenario's result is also written to target/corpus-results.json, from which
+# `harness conformance --ours-from` builds this project's columns of docs/conformance.md
+# without running the corpus again. Scenarios on a real CRIU that is still absent are skipped,
 # and the summary says so loudly, with the command that would run them. Exits with the
 # harness's status. Extra arguments are passed to `harness run` after the scenario directory.
 #
@@ -25,19 +28,20 @@ esac
 . scripts/lib/criu-env.sh
 criu_env_setup || exit 1
 
-note "cargo build --release --workspace"
-cargo build --release --workspace
+note "cargo build --workspace --lib --bins"
+cargo build --workspace --lib --bins
 
-harness=$target_dir/release/harness
+harness=$target_dir/debug/harness
 [ -x "$harness" ] || {
     note "error: $harness was not built" >&2
     exit 1
 }
-note "$harness run scenarios/ $*"
+results=$target_dir/corpus-results.json
+note "$harness run --results $results scenarios/ $*"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 status=0
-"$harness" run scenarios/ "$@" | tee "$out" || status=$?
+"$harness" run --results "$results" scenarios/ "$@" | tee "$out" || status=$?
 # `harness run` marks a scenario whose real CRIU is absent "skip: no CRIU <series> found".
 no_criu=$(grep -c 'skip: no CRIU' "$out" || true)
 if [ "$no_criu" -gt 0 ]; then

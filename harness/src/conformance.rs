@@ -5,20 +5,151 @@
 //! `harness conformance --check FILE` runs the same and fails, naming each cell, when a cell
 //! differs from the committed table.
 //!
-//! Column rules ([`crate::kit`] has the rest): this project's plugin runs each scenario that
-//! pins no backend twice, with `cuda_plugin.backend=driver-api` and with
-//! `cuda_plugin.backend=cuda-checkpoint` given first; a scenario that pins a backend (an option,
-//! or a step expecting one) appears in that backend's column only, and one that pins `auto` or
-//! an invalid backend (it tests the selection) in the driver-API column. The C plugins take no
-//! options: a scenario that pins `cuda-checkpoint` runs without the option, one that needs
-//! options, the driver API or another capability is not applicable to them.
+//! Column rules ([`crate::kit`] has the rest): this project's plugin's two columns come from one
+//! run of the corpus with its own options (the main job's, `harness run --results FILE`, read
+//! with `--ours-from FILE`, or run here): a scenario that pins a backend (an option, a matrix
+//! value, or a step expecting one) appears in that backend's column only, one that pins `auto`
+//! or an invalid backend (it tests the selection) in the driver-API column, and one that pins
+//! none shows its run with the default backend in the driver-API column and is run once more,
+//! here, with `cuda_plugin.backend=cuda-checkpoint` given first, for the other column. The C
+//! plugins take no options: a scenario that pins `cuda-checkpoint` runs without the option, one
+//! that needs options, the driver API or another capability is not applicable to them.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::kit::PluginUnderTest;
-use crate::runner::Row;
+use crate::runner::{Artifacts, Row};
+use crate::scenario::Scenario;
+
+/// One scenario's result in one run: its name, its host and the one-line result of
+/// [`Row::result`]. A run of the corpus is a list of them ([`Results`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cell {
+    /// The scenario (variant) name.
+    pub name: String,
+    /// `emulated 4.2`, `criu 4.1`, or `-` when it did not parse.
+    pub host: String,
+    /// `pass`, `fail: WHY`, `n.a.: WHY`, `xfail: WHY` or `skip: WHY`.
+    pub result: String,
+}
+
+impl From<&Row> for Cell {
+    fn from(r: &Row) -> Self {
+        Self {
+            name: r.name.clone(),
+            host: r
+                .report
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |x| x.host.clone()),
+            result: r.result(),
+        }
+    }
+}
+
+/// What `harness run --results FILE` writes: one run of the corpus, for `harness conformance
+/// --ours-from FILE` to build this project's columns from instead of running it again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Results {
+    /// How the run named its plugin.
+    pub plugin: String,
+    /// This project's plugin with its own options (no backend forced, nothing injected): the
+    /// only run our columns can be built from.
+    pub ours_as_is: bool,
+    /// Every scenario of the run, in file order.
+    pub cells: Vec<Cell>,
+}
+
+impl Results {
+    /// The results of `rows`, a run of `put`.
+    #[must_use]
+    pub fn of(put: &PluginUnderTest, rows: &[Row]) -> Self {
+        Self {
+            plugin: put.label.clone(),
+            ours_as_is: *put == PluginUnderTest::ours(),
+            cells: rows.iter().map(Cell::from).collect(),
+        }
+    }
+
+    /// Reads a results file and checks that it can give this project's columns for the
+    /// scenarios `names`: a run of this project's plugin as is, of exactly these scenarios.
+    ///
+    /// # Errors
+    /// Unreadable, malformed, another plugin's run, or another corpus (the names differ).
+    pub fn read_for(path: &std::path::Path, names: &[String]) -> Result<Self, String> {
+        let shown = path.display();
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+        let r: Self = serde_json::from_str(&text).map_err(|e| format!("{shown}: {e}"))?;
+        if !r.ours_as_is {
+            return Err(format!(
+                "{shown} is a run of {}, not of this project's plugin with its own options",
+                r.plugin
+            ));
+        }
+        let have: Vec<&String> = r.cells.iter().map(|c| &c.name).collect();
+        let missing: Vec<&String> = names.iter().filter(|n| !have.contains(n)).collect();
+        let extra: Vec<&&String> = have.iter().filter(|n| !names.contains(n)).collect();
+        if let Some(n) = missing.first() {
+            return Err(format!(
+                "{shown} lacks {} scenario(s) of the corpus (first: {n}): run the corpus again \
+                 with `harness run --results {shown}`",
+                missing.len()
+            ));
+        }
+        if let Some(n) = extra.first() {
+            return Err(format!(
+                "{shown} has {} scenario(s) the corpus no longer has (first: {n}): run the \
+                 corpus again with `harness run --results {shown}`",
+                extra.len()
+            ));
+        }
+        Ok(r)
+    }
+}
+
+/// This project's two columns (driver API, `cuda-checkpoint`) from one run of its plugin as is
+/// (`ours`, keyed by name) over `scenarios` (name, scenario; in table order): each column's
+/// cells, and the scenarios that pin no backend, which the `cuda-checkpoint` column still needs
+/// a run of (with that backend forced) — their cells in that column are left empty.
+///
+/// # Errors
+/// A scenario the run lacks.
+pub fn our_columns(
+    ours: &[Cell],
+    scenarios: &[(String, Scenario)],
+    columns: [&Column; 2],
+    art: &Artifacts,
+) -> Result<([Vec<Cell>; 2], Vec<String>), String> {
+    let by_name: BTreeMap<&str, &Cell> = ours.iter().map(|c| (c.name.as_str(), c)).collect();
+    let mut out: [Vec<Cell>; 2] = [Vec::new(), Vec::new()];
+    let mut rerun = Vec::new();
+    for (name, s) in scenarios {
+        let run = by_name
+            .get(name.as_str())
+            .ok_or_else(|| format!("the run of this project's plugin lacks {name}"))?;
+        for (i, col) in columns.iter().enumerate() {
+            let result = match crate::kit::applicability(s, &col.plugin, art) {
+                Err(why) => format!("n.a.: {why}"),
+                // Pinned (to this column's backend, or to `auto`/an invalid one listed with
+                // the driver API), or unpinned in the driver-API column: the run as is.
+                Ok(()) if s.pinned_backend().is_some() || i == 0 => run.result.clone(),
+                Ok(()) => {
+                    rerun.push(name.clone());
+                    continue;
+                }
+            };
+            out[i].push(Cell {
+                name: name.clone(),
+                host: run.host.clone(),
+                result,
+            });
+        }
+    }
+    Ok((out, rerun))
+}
 
 /// One column: a heading and the plugin it runs.
 #[derive(Debug, Clone)]
@@ -91,17 +222,19 @@ pub struct Table {
 }
 
 impl Table {
-    /// The table of one run of the corpus per column (`runs[i]` is column `i`'s rows).
+    /// The table of one run of the corpus per column (`runs[i]` is column `i`'s cells).
     #[must_use]
-    pub fn from_runs(columns: &[Column], runs: &[Vec<Row>]) -> Self {
+    pub fn from_runs(columns: &[Column], runs: &[Vec<Cell>]) -> Self {
         let mut rows: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
         for (i, run) in runs.iter().enumerate() {
-            for r in run {
-                let host = r.report.as_ref().map_or("-", |x| x.host.as_str());
+            for c in run {
                 let e = rows
-                    .entry(r.name.clone())
-                    .or_insert_with(|| (host.to_owned(), vec![String::new(); columns.len()]));
-                e.1[i] = r.result();
+                    .entry(c.name.clone())
+                    .or_insert_with(|| (c.host.clone(), vec![String::new(); columns.len()]));
+                if e.0 == "-" {
+                    e.0.clone_from(&c.host);
+                }
+                e.1[i].clone_from(&c.result);
             }
         }
         Self {
@@ -187,11 +320,13 @@ another plugin.
   tests the engine), or runs on a CRIU that refuses the plugin's descriptor.
 - **xfail**: a known failure, marked in the scenario (a limit of the CRIU it runs on).
 
-This project's plugin has one column per backend: a scenario that pins no backend runs in both,
-with `cuda_plugin.backend=driver-api` or `=cuda-checkpoint` given before its own options (its
-snapshot is then not compared); one that pins a backend (an option, or a step expecting one)
-runs in that backend's column only; one that pins `auto` or an invalid backend (it tests the
-selection) runs in the driver-API column. The C plugins take no options (a `backend` of
+This project's plugin has one column per backend, both from the corpus run of the main job
+(`harness run --results`), in which every scenario runs once with its own options: one that
+pins a backend (an option, a `[matrix]` value, or a step expecting one) is in that backend's
+column only; one that pins `auto` or an invalid backend (it tests the selection) in the
+driver-API column; one that pins none shows its run with the default backend in the driver-API
+column, and runs once more with `cuda_plugin.backend=cuda-checkpoint` given before its own
+options for the other column (its snapshot is then not compared). The C plugins take no options (a `backend` of
 `cuda-checkpoint` or `auto` is dropped, anything else makes the scenario not applicable) and
 are enabled with CRIU's fault 138 (`CRIU_FAULT=138`), this project's plugin with
 `CRIU_CUDA_FORCE_ENABLE=1`.

@@ -700,7 +700,9 @@ impl Scenario {
                 let at = |m: String| format!("variant {}: {m}", v.suffix());
                 let s: Self = toml::Value::Table(t)
                     .try_into()
-                    .map_err(|e: toml::de::Error| parse_err(at(e.to_string().trim_end().to_owned())))?;
+                    .map_err(|e: toml::de::Error| {
+                        parse_err(at(e.to_string().trim_end().to_owned()))
+                    })?;
                 s.validate().map_err(|m| invalid(at(m)))?;
                 Ok((v, s))
             })

@@ -20,6 +20,7 @@
 //! | `<!-- docs-check: run mock-world -->` | run with no prelude (the block builds and starts what it needs); afterwards every process it left must be a `mock-cuda-app` that runs free, is RUNNING in its world, passes its data check (its stdout must be a file), and the world's trace must hold one successful `cuda-checkpoint` run per `cuda-checkpoint` command of the block |
 //! | `<!-- docs-check: run fetched-criu -->` | run with no prelude, for blocks that run a CRIU of `target/criu` themselves (needs `scripts/fetch-criu.sh`); afterwards what the block left must run free, no CRIU may be left, no CRIU log under `/tmp` may say `FAILED`, and a log must say that the dump and the restore finished successfully |
 //! | `<!-- docs-check: ci -->` | not run: every command line of the block (comments dropped) must be a line of `.ci/run`, optionally after `NAME=value` assignments |
+//! | `<!-- docs-check: kit -->` | the conformance kit's command: its one `target/debug/harness run` command runs with the build under test on `scenarios/cuda/conformance/` only (its `--junit` file in a temporary directory), and must pass every scenario and write the JUnit XML (needs root and CRIU 4.2.x); its other command lines must be lines of `.ci/run` |
 //! | `<!-- docs-check: manual REASON -->` | not run (reported as ignored, with the reason); only for benchmark runs: the reason must be given, and every command must run `scripts/bench.sh` or `cargo bench` |
 //!
 //! # Running a block
@@ -152,6 +153,7 @@ enum Check {
         dist: bool,
     },
     Ci,
+    Kit,
     Manual(String),
 }
 
@@ -227,11 +229,13 @@ fn parse_marker(s: &str) -> R<Check> {
         }
         ["ci"] => Ok(Check::Ci),
         ["ci", ..] => Err("`ci` takes no arguments".into()),
+        ["kit"] => Ok(Check::Kit),
+        ["kit", ..] => Err("`kit` takes no arguments".into()),
         ["manual"] => Err("`manual` needs a reason: `<!-- docs-check: manual REASON -->`".into()),
         ["manual", ..] => Ok(Check::Manual(words[1..].join(" "))),
-        [] => Err("empty marker (run PROFILE, ci, manual REASON)".into()),
+        [] => Err("empty marker (run PROFILE, ci, kit, manual REASON)".into()),
         [other, ..] => Err(format!(
-            "unknown marker kind `{other}` (run PROFILE, ci, manual REASON)"
+            "unknown marker kind `{other}` (run PROFILE, ci, kit, manual REASON)"
         )),
     }
 }
@@ -562,15 +566,28 @@ fn cuda_checkpoint_commands(text: &str) -> usize {
 // ---------------------------------------------------------------------------------------------
 // `ci` and `manual`
 
-fn check_ci(b: &Block) -> R<String> {
+/// The command lines of `.ci/run`, comments dropped.
+fn ci_lines() -> R<Vec<String>> {
     let ci_path = repo().join(".ci/run");
     let ci =
         std::fs::read_to_string(&ci_path).map_err(|e| format!("{}: {e}", ci_path.display()))?;
-    let ci_lines: Vec<&str> = ci
+    Ok(ci
         .lines()
-        .map(|l| strip_comment(l).trim())
+        .map(|l| strip_comment(l).trim().to_owned())
         .filter(|l| !l.is_empty())
-        .collect();
+        .collect())
+}
+
+/// Whether `cmd` is a line of `.ci/run` (after `NAME=value` assignments at most).
+fn in_ci(ci_lines: &[String], cmd: &str) -> bool {
+    ci_lines.iter().any(|l| {
+        l.strip_suffix(cmd)
+            .is_some_and(|pre| pre.split_whitespace().all(is_assignment))
+    })
+}
+
+fn check_ci(b: &Block) -> R<String> {
+    let ci_lines = ci_lines()?;
     let mut checked = Vec::new();
     let mut missing = Vec::new();
     for (i, raw) in b.text.lines().enumerate() {
@@ -578,10 +595,7 @@ fn check_ci(b: &Block) -> R<String> {
         if cmd.is_empty() {
             continue;
         }
-        let found = ci_lines.iter().any(|l| {
-            l.strip_suffix(cmd)
-                .is_some_and(|pre| pre.split_whitespace().all(is_assignment))
-        });
+        let found = in_ci(&ci_lines, cmd);
         if found {
             checked.push(format!("`{cmd}`"));
         } else {
@@ -600,6 +614,129 @@ fn check_ci(b: &Block) -> R<String> {
         b.at()
     );
     Ok(format!("in .ci/run: {}", checked.join(", ")))
+}
+
+/// The kit block (README, "Testing another CUDA plugin"): its `harness run` command runs with
+/// the build under test (`target/debug/` read as the artifacts' directory) on the conformance
+/// scenarios only (`scenarios/cuda/conformance/` appended, the JUnit file in a temporary
+/// directory), and must pass them all and write the JUnit XML; its other commands must be lines
+/// of `.ci/run`, which runs them.
+fn check_kit(name: &str, b: &Block) -> Result<Completion, Failed> {
+    match kit_run(b)? {
+        Ok(summary) => {
+            println!("    {name}: ok: on scenarios/cuda/conformance: {summary}; JUnit XML written");
+            Ok(Completion::Completed)
+        }
+        Err(why) => skip(name, why),
+    }
+}
+
+/// Runs the kit block's command ([`check_kit`]): its summary line, or why it cannot run here.
+fn kit_run(b: &Block) -> R<Result<String, String>> {
+    // Commands, with `\` continuations joined.
+    let mut commands: Vec<(usize, String)> = Vec::new();
+    let mut open = false;
+    for (i, raw) in b.text.lines().enumerate() {
+        let line = strip_comment(raw).trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (part, more) = match line.strip_suffix('\\') {
+            Some(p) => (p.trim_end(), true),
+            None => (line, false),
+        };
+        match (open, commands.last_mut()) {
+            (true, Some((_, c))) => {
+                c.push(' ');
+                c.push_str(part);
+            }
+            _ => commands.push((b.line + 1 + i, part.to_owned())),
+        }
+        open = more;
+    }
+    let ci = ci_lines()?;
+    let (kit, others): (Vec<_>, Vec<_>) = commands
+        .into_iter()
+        .partition(|(_, c)| c.starts_with("target/debug/harness run "));
+    let missing: Vec<String> = others
+        .iter()
+        .filter(|(_, c)| !in_ci(&ci, c))
+        .map(|(l, c)| format!("{}:{l}: `{c}`", b.file))
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "{}: a `kit` block's other commands must appear verbatim in .ci/run; not found:\n  {}",
+        b.at(),
+        missing.join("\n  ")
+    );
+    let [(line, cmd)] = kit.as_slice() else {
+        return Err(format!(
+            "{}: a `kit` block needs exactly one `target/debug/harness run` command",
+            b.at()
+        ));
+    };
+    if !is_root() {
+        return Ok(Err("not root (CRIU and ptrace)".to_owned()));
+    }
+    if runner::find_criu("4.2", &repo()).is_none() {
+        return Ok(Err("no CRIU 4.2.x (scripts/fetch-criu.sh)".to_owned()));
+    }
+    let art = Artifacts::for_tests(Path::new(HARNESS))?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let xml = dir.path().join("kit.xml");
+    let mut words = cmd.split_whitespace().skip(1);
+    let mut c = Command::new(&art.harness);
+    let mut junit = false;
+    while let Some(w) = words.next() {
+        match w {
+            "--junit" => {
+                words.next();
+                c.arg("--junit").arg(&xml);
+                junit = true;
+            }
+            "target/debug/libcuda_plugin.so" => {
+                c.arg(&art.plugin);
+            }
+            w => {
+                ensure!(
+                    !w.starts_with("target/"),
+                    "{}:{line}: `{w}`: the kit command reads the build under test from target/debug/",
+                    b.file
+                );
+                c.arg(w);
+            }
+        }
+    }
+    ensure!(
+        junit,
+        "{}:{line}: the kit command writes no JUnit XML (--junit)",
+        b.file
+    );
+    c.arg(repo().join("scenarios/cuda/conformance"))
+        .current_dir(repo())
+        .env("CRIU_CUDA_REQUIRE_CRIU", "1");
+    let out = c
+        .output()
+        .map_err(|e| format!("{}: {e}", art.harness.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = stdout
+        .lines()
+        .find(|l| l.contains(" passed, ") && l.contains(" failed"))
+        .unwrap_or("");
+    ensure!(
+        out.status.success() && summary.contains(" 0 failed"),
+        "{}:{line}: the kit command on scenarios/cuda/conformance: {}\n{stdout}\n{}",
+        b.file,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let x = std::fs::read_to_string(&xml).map_err(|e| format!("{}: {e}", xml.display()))?;
+    ensure!(
+        x.contains("<testsuites") && x.contains("failures=\"0\""),
+        "{}:{line}: the JUnit XML:\n{x}",
+        b.file
+    );
+    Ok(Ok(summary.to_owned()))
 }
 
 fn check_manual(b: &Block) -> R {
@@ -1978,6 +2115,12 @@ fn trials() -> Vec<Trial> {
                     let what = check_ci(&b)?;
                     println!("    {name}: ok: {what}");
                     Ok(())
+                }));
+            }
+            Check::Kit => {
+                let name = format!("{}:kit", b.at());
+                out.push(Trial::ignorable_test(name.clone(), move || {
+                    check_kit(&name, &b)
                 }));
             }
             Check::Manual(reason) => {

@@ -105,27 +105,29 @@ fn main() -> ExitCode {
     let art_dir = std::path::PathBuf::from(MANIFEST).join("..");
     let trials = runner::collect(&corpus_dir())
         .into_iter()
-        .map(|(name, path)| match Scenario::load_variant(&path, split_name(&name).1) {
-            Err(e) => Trial::test(name, move || Err(e.to_string().into())),
-            Ok(s) => {
-                let kind = if s.host.engine == harness::scenario::EngineKind::Criu {
-                    "criu"
-                } else {
-                    "emulated"
-                };
-                let ignored = s.host.engine == harness::scenario::EngineKind::Criu
-                    && !run.require_criu
-                    && runner::find_criu(&s.host.profile, &art_dir).is_none();
-                if ignored {
-                    eprintln!("note: {name} is skipped: no CRIU {} found", s.host.profile);
+        .map(
+            |(name, path)| match Scenario::load_variant(&path, split_name(&name).1) {
+                Err(e) => Trial::test(name, move || Err(e.to_string().into())),
+                Ok(s) => {
+                    let kind = if s.host.engine == harness::scenario::EngineKind::Criu {
+                        "criu"
+                    } else {
+                        "emulated"
+                    };
+                    let ignored = s.host.engine == harness::scenario::EngineKind::Criu
+                        && !run.require_criu
+                        && runner::find_criu(&s.host.profile, &art_dir).is_none();
+                    if ignored {
+                        eprintln!("note: {name} is skipped: no CRIU {} found", s.host.profile);
+                    }
+                    let n = name.clone();
+                    let opts = opts.clone();
+                    Trial::test(name, move || run_trial(&n, &path, &opts))
+                        .with_kind(kind)
+                        .with_ignored_flag(ignored)
                 }
-                let n = name.clone();
-                let opts = opts.clone();
-                Trial::test(name, move || run_trial(&n, &path, &opts))
-                    .with_kind(kind)
-                    .with_ignored_flag(ignored)
-            }
-        })
+            },
+        )
         .collect();
     libtest_mimic::run(&args, trials).exit_code()
 }

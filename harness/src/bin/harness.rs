@@ -8,8 +8,9 @@
 //! against another CUDA plugin (`harness run --help`: its settings), `--junit FILE` also writes
 //! JUnit XML.
 //!
-//! `harness conformance [--out FILE | --check FILE] [-j N]` runs the corpus against this
-//! project's plugin (once per backend) and CRIU's C plugins, and writes or checks the table
+//! `harness conformance [--out FILE | --check FILE] [--ours-from FILE] [-j N]` builds the table
+//! of the corpus against this project's plugin (one column per backend, from one run of the
+//! corpus: `harness run --results FILE` writes it) and CRIU's C plugins, and writes or checks it
 //! (`harness::conformance`).
 //!
 //! `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]` runs the fault sweep
@@ -94,6 +95,9 @@ struct RunArgs {
     /// How the summary names it.
     #[arg(long = "plugin-label", value_name = "TEXT")]
     plugin_label: Option<String>,
+    /// Also write every scenario's result as JSON, for `harness conformance --ours-from FILE`.
+    #[arg(long, value_name = "FILE")]
+    results: Option<PathBuf>,
     /// Scenario files or directories (default: scenarios/).
     #[arg(value_name = "SCENARIO_FILE_OR_DIR")]
     paths: Vec<PathBuf>,
@@ -110,6 +114,7 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
         plugin_caps,
         backend,
         plugin_label: label,
+        results,
         mut paths,
     } = RunArgs::parse_from(
         std::iter::once(OsString::from("harness run")).chain(args.iter().cloned()),
@@ -195,6 +200,12 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
         std::fs::write(&f, xml).with_context(|| format!("writing {}", f.display()))?;
         println!("JUnit XML: {}", f.display());
     }
+    if let Some(f) = results {
+        let r = harness::conformance::Results::of(&opts.plugin, &rows);
+        std::fs::write(&f, serde_json::to_string_pretty(&r)?)
+            .with_context(|| format!("writing {}", f.display()))?;
+        println!("results: {}", f.display());
+    }
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
@@ -202,12 +213,13 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
     })
 }
 
-/// `harness conformance [--out FILE | --check FILE] [-j N] [PATH...]`.
+/// `harness conformance [--out FILE | --check FILE] [--ours-from FILE] [-j N] [PATH...]`.
 fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
     use harness::conformance;
     let mut jobs = 2;
     let mut out: Option<PathBuf> = None;
     let mut check: Option<PathBuf> = None;
+    let mut ours_from: Option<PathBuf> = None;
     let mut paths = Vec::new();
     let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
     while let Some(a) = it.next() {
@@ -215,13 +227,21 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
             "-j" | "--jobs" => jobs = it.next().context("-j needs a number")?.parse()?,
             "--out" => out = Some(PathBuf::from(it.next().context("--out needs a file")?)),
             "--check" => check = Some(PathBuf::from(it.next().context("--check needs a file")?)),
+            "--ours-from" => {
+                ours_from = Some(PathBuf::from(
+                    it.next().context("--ours-from needs a file")?,
+                ));
+            }
             "-h" | "--help" => {
                 println!(
-                    "usage: harness conformance [--out FILE] [--check FILE] [-j N] [SCENARIO_DIR...]\n\n\
-                     Runs the corpus (default scenarios/) against this project's plugin (once per backend)\n\
-                     and the C plugins of scripts/fetch-criu.sh --c-plugin; --out writes the table\n\
-                     (docs/conformance.md), --check fails when a cell differs from FILE's (with --out too,\n\
-                     the fresh table is written there)."
+                    "usage: harness conformance [--out FILE] [--check FILE] [--ours-from FILE] [-j N] [SCENARIO_DIR...]\n\n\
+                     Builds the conformance table of the corpus (default scenarios/): this project's plugin\n\
+                     (one column per backend, from one run of the corpus with its own options: --ours-from\n\
+                     takes the results `harness run --results FILE` wrote, else it runs the corpus here;\n\
+                     scenarios that pin no backend run once more with cuda-checkpoint) and the C plugins of\n\
+                     scripts/fetch-criu.sh --c-plugin (only the scenarios that apply to them run). --out\n\
+                     writes the table (docs/conformance.md), --check fails when a cell differs from FILE's\n\
+                     (with --out too, the fresh table is written there)."
                 );
                 return Ok(ExitCode::SUCCESS);
             }
@@ -237,16 +257,65 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
     }
     let art = artifacts_as_subreaper()?;
     let columns = conformance::standard_columns(&art.workspace).map_err(anyhow::Error::msg)?;
-    let mut runs = Vec::new();
-    for col in &columns {
-        let opts = runner::CorpusOptions {
-            jobs,
-            // The table must be complete: a real-CRIU scenario without its CRIU fails.
-            run: runner::RunOptions { require_criu: true },
-            plugin: col.plugin.clone(),
-            print_rows: false,
-        };
-        let (rows, took) = runner::run_rows(&paths, &art, &opts);
+    let options = |plugin: &PluginUnderTest| runner::CorpusOptions {
+        jobs,
+        // The table must be complete: a real-CRIU scenario without its CRIU fails.
+        run: runner::RunOptions { require_criu: true },
+        plugin: plugin.clone(),
+        print_rows: false,
+    };
+    let work = runner::work(&paths);
+    let mut scenarios = Vec::new();
+    for (name, file, _) in &work {
+        let variant = harness::scenario::matrix::split_name(name).1;
+        let s = harness::scenario::Scenario::load_variant(file, variant)
+            .with_context(|| format!("scenario {name}"))?;
+        scenarios.push((name.clone(), s));
+    }
+    let names: Vec<String> = work.iter().map(|(n, _, _)| n.clone()).collect();
+    let started = std::time::Instant::now();
+    let ours = match &ours_from {
+        Some(f) => {
+            let r = conformance::Results::read_for(f, &names).map_err(anyhow::Error::msg)?;
+            println!(
+                "this project's plugin: {} results from {}",
+                r.cells.len(),
+                f.display()
+            );
+            r.cells
+        }
+        None => {
+            let (rows, took) =
+                runner::run_work(work.clone(), &art, &options(&PluginUnderTest::ours()));
+            println!(
+                "this project's plugin: {} scenarios run ({:.1} s)",
+                rows.len(),
+                took.as_secs_f64()
+            );
+            rows.iter().map(conformance::Cell::from).collect()
+        }
+    };
+    let ([mut da, mut cc], rerun) =
+        conformance::our_columns(&ours, &scenarios, [&columns[0], &columns[1]], &art)
+            .map_err(anyhow::Error::msg)?;
+    let again: Vec<(String, PathBuf, PathBuf)> = work
+        .iter()
+        .filter(|(n, _, _)| rerun.contains(n))
+        .cloned()
+        .collect();
+    let (rows, took) = runner::run_work(again, &art, &options(&columns[1].plugin));
+    println!(
+        "{}: {} scenario(s) that pin no backend run with it ({:.1} s)",
+        columns[1].heading,
+        rows.len(),
+        took.as_secs_f64()
+    );
+    cc.extend(rows.iter().map(conformance::Cell::from));
+    let mut runs: Vec<Vec<conformance::Cell>> = Vec::new();
+    runs.push(std::mem::take(&mut da));
+    runs.push(std::mem::take(&mut cc));
+    for col in &columns[2..] {
+        let (rows, took) = runner::run_work(work.clone(), &art, &options(&col.plugin));
         let count = |k: &str| rows.iter().filter(|r| r.result().starts_with(k)).count();
         println!(
             "{}: {} pass, {} fail, {} xfail, {} n.a. ({:.1} s)",
@@ -257,18 +326,14 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
             count("n.a."),
             took.as_secs_f64()
         );
-        runs.push(rows);
+        runs.push(rows.iter().map(conformance::Cell::from).collect());
     }
+    println!("conformance: {:.1} s", started.elapsed().as_secs_f64());
     let table = conformance::Table::from_runs(&columns, &runs);
-    let mut descriptions = std::collections::BTreeMap::new();
-    for p in &paths {
-        for (name, file) in runner::collect(p) {
-            let variant = harness::scenario::matrix::split_name(&name).1;
-            if let Ok(s) = harness::scenario::Scenario::load_variant(&file, variant) {
-                descriptions.insert(name, s.description);
-            }
-        }
-    }
+    let descriptions: std::collections::BTreeMap<String, String> = scenarios
+        .into_iter()
+        .map(|(name, s)| (name, s.description))
+        .collect();
     let md = conformance::render(&table, &descriptions);
     if let Some(f) = &out {
         std::fs::write(f, &md).with_context(|| format!("writing {}", f.display()))?;

@@ -142,6 +142,13 @@ pub struct CorpusOptions {
 /// this project's plugin. Returns the rows in file order and the wall time.
 #[must_use]
 pub fn run_rows(paths: &[PathBuf], art: &Artifacts, opts: &CorpusOptions) -> (Vec<Row>, Duration) {
+    run_work(work(paths), art, opts)
+}
+
+/// Every scenario under `paths` as `harness run` names it (relative to the nearest directory
+/// named `scenarios`, with `@VARIANT`), its file and its snapshot directory, in file order.
+#[must_use]
+pub fn work(paths: &[PathBuf]) -> Vec<(String, PathBuf, PathBuf)> {
     let mut work: Vec<(String, PathBuf, PathBuf)> = Vec::new();
     for root in paths {
         let base = if root.is_file() {
@@ -164,6 +171,17 @@ pub fn run_rows(paths: &[PathBuf], art: &Artifacts, opts: &CorpusOptions) -> (Ve
             work.push((name, p, corpus.join("snapshots")));
         }
     }
+    work
+}
+
+/// Runs the scenarios of `work` ([`work`]'s items), `opts.jobs` at a time, as [`run_rows`]
+/// does.
+#[must_use]
+pub fn run_work(
+    work: Vec<(String, PathBuf, PathBuf)>,
+    art: &Artifacts,
+    opts: &CorpusOptions,
+) -> (Vec<Row>, Duration) {
     let started = Instant::now();
     if opts.print_rows {
         println!(

@@ -51,7 +51,8 @@ mod world;
 
 pub use artifacts::{find_criu, Artifacts, ARTIFACTS_VAR};
 pub use corpus::{
-    collect, read_snapshot, run_corpus, run_rows, run_scenario, snapshot_name, CorpusOptions, Row,
+    collect, read_snapshot, run_corpus, run_rows, run_scenario, run_work, snapshot_name, work,
+    CorpusOptions, Row,
 };
 use normalise::known_lock_timeouts;
 pub(crate) use step::{guardian_pids, wait_gone};

@@ -220,8 +220,8 @@ pub fn expand(mut t: toml::Table) -> Result<Option<Vec<(Variant, toml::Table)>>,
     }
     let mut out = Vec::new();
     for v in variants {
-        let table = variant_table(&t, &v, &overlays)
-            .map_err(|e| format!("variant {}: {e}", v.suffix()))?;
+        let table =
+            variant_table(&t, &v, &overlays).map_err(|e| format!("variant {}: {e}", v.suffix()))?;
         out.push((v, table));
     }
     Ok(Some(out))
@@ -455,7 +455,14 @@ fn substitute(v: &mut toml::Value, subs: &[(&str, String)]) -> Result<(), String
                     *s = s.replace(from, to);
                 }
             }
-            for p in ["{host}", "{engine}", "{profile}", "{backend}", "{parallel}", "{call:"] {
+            for p in [
+                "{host}",
+                "{engine}",
+                "{profile}",
+                "{backend}",
+                "{parallel}",
+                "{call:",
+            ] {
                 if s.contains(p) {
                     return Err(format!(
                         "`{p}` in \"{s}\", but the matrix has no axis that sets it"
@@ -626,7 +633,10 @@ function = "{call:get-restore-tid}"
         );
         assert_eq!(
             f(1),
-            ["cuda-checkpoint:checkpoint", "cuda-checkpoint:get-restore-tid"]
+            [
+                "cuda-checkpoint:checkpoint",
+                "cuda-checkpoint:get-restore-tid"
+            ]
         );
         let e = expand_text("x = \"{call:lock}\"\n[matrix]\nbackend = [\"auto\"]").unwrap_err();
         assert!(e.contains("`{call:` in"), "{e}");
