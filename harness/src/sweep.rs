@@ -84,6 +84,43 @@ pub const CODES: &[&str] = &[
     "CUDA_ERROR_UNKNOWN",
 ];
 
+/// [`CODES`] in groups the plugin cannot tell apart: `cuda_plugin::backend::FailureClass`, the
+/// one place where the plugin distinguishes failure codes, gives every code of a group the same
+/// class for every call of either backend (a unit test checks it). A call without a target
+/// (initialisation, GPU enumeration) has one class for every code. The default sweep injects
+/// each group's first code (and one code into a call without a target), `--full` every code.
+pub const CODE_GROUPS: &[&[&str]] = &[
+    &["CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_INITIALIZED"],
+    &["CUDA_ERROR_ILLEGAL_STATE"],
+    &["CUDA_ERROR_NOT_READY"],
+    &[
+        "CUDA_ERROR_UNKNOWN",
+        "CUDA_ERROR_NOT_SUPPORTED",
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDA_ERROR_OPERATING_SYSTEM",
+        "CUDA_ERROR_NOT_PERMITTED",
+    ],
+];
+
+/// The codes a case of `call` injects: every code with `full`; else one per group of
+/// [`CODE_GROUPS`] for a call that names a task, and one for a call without a target.
+#[must_use]
+pub fn codes_for(call: &str, full: bool) -> Vec<&'static str> {
+    if full {
+        return CODES.to_vec();
+    }
+    let targetless = GLOBAL_CALLS.contains(&call) || call == "cuda-checkpoint:help";
+    if targetless {
+        return vec![CODE_GROUPS[3][0]];
+    }
+    CODE_GROUPS.iter().map(|g| g[0]).collect()
+}
+
+/// Whether `code` is the one the default sweep injects for its group (every code with `full`).
+fn representative(code: &str, full: bool) -> bool {
+    full || CODE_GROUPS.iter().any(|g| g[0] == code)
+}
+
 /// Driver calls that name a target process.
 pub const TASK_CALLS: &[&str] = &[
     "cuCheckpointProcessGetRestoreThreadId",
@@ -396,7 +433,9 @@ impl Case {
         format!("harness sweep --full --only '{}'", self.key())
     }
 
-    fn key(&self) -> String {
+    /// The case's key: `call|fault|phase|task|host|tree|mode` (what `--only` filters).
+    #[must_use]
+    pub fn key(&self) -> String {
         format!(
             "{}|{}|{}|{}|{}|{}|{}",
             self.call,
@@ -437,8 +476,9 @@ pub fn known_violation(case: &Case) -> Option<&'static str> {
     None
 }
 
-/// The sweep's cases: `full` adds the slow faults (delays and hangs) everywhere; the default
-/// keeps them for the lock and checkpoint calls of the first task only.
+/// The sweep's cases: `full` injects every code of [`CODES`] and adds the slow faults (delays
+/// and hangs) everywhere; the default injects one code per group of [`CODE_GROUPS`] and keeps
+/// the slow faults for the lock and checkpoint calls of the first task only.
 #[must_use]
 pub fn cases(full: bool) -> Vec<Case> {
     let mut out = Vec::new();
@@ -503,7 +543,10 @@ pub fn cases(full: bool) -> Vec<Case> {
                 &tasks
             };
             for &t in targets {
-                let mut kinds: Vec<Fault> = CODES.iter().map(|c| Fault::Return(c)).collect();
+                let mut kinds: Vec<Fault> = codes_for(call, full)
+                    .into_iter()
+                    .map(Fault::Return)
+                    .collect();
                 kinds.extend([Fault::ErrorAfter, Fault::Fail, Fault::KillTarget]);
                 if cli {
                     kinds.extend([Fault::Crash, Fault::Garbage]);
@@ -521,7 +564,10 @@ pub fn cases(full: bool) -> Vec<Case> {
     for &call in GLOBAL_CALLS.iter().chain(&["cuda-checkpoint:help"]) {
         let cli = call.starts_with("cuda-checkpoint");
         for phase in [Phase::Dump, Phase::Restore] {
-            let mut kinds: Vec<Fault> = CODES.iter().map(|c| Fault::Return(c)).collect();
+            let mut kinds: Vec<Fault> = codes_for(call, full)
+                .into_iter()
+                .map(Fault::Return)
+                .collect();
             if cli {
                 kinds.extend([Fault::Crash, Fault::Garbage]);
             }
@@ -559,6 +605,9 @@ pub fn cases(full: bool) -> Vec<Case> {
                 Fault::Fail,
                 Fault::KillTarget,
             ] {
+                if matches!(k, Fault::Return(c) if !representative(c, full)) {
+                    continue;
+                }
                 push(call, k, Phase::Restore, t, "4.1");
             }
         }
@@ -1624,4 +1673,113 @@ pub fn filter(cases: Vec<Case>, filter: &str) -> Vec<Case> {
 #[must_use]
 pub fn is_slow(c: &Case) -> bool {
     c.fault.is_slow()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi::CUresult;
+    use cuda_plugin::backend::{BackendKind, FailureClass, Op};
+
+    fn code(name: &str) -> CUresult {
+        CUresult::from_name(name).unwrap_or_else(|| panic!("{name} is not a CUresult"))
+    }
+
+    /// The backend and operation of a call the sweep faults.
+    fn op_of(call: &str) -> (BackendKind, Op) {
+        let backend = if call.starts_with("cuda-checkpoint") {
+            BackendKind::CudaCheckpoint
+        } else {
+            BackendKind::DriverApi
+        };
+        let op = match () {
+            _ if call.ends_with("GetRestoreThreadId") || call.ends_with(":get-restore-tid") => {
+                Op::GetRestoreTid
+            }
+            _ if call.ends_with("GetState") || call.ends_with(":get-state") => Op::GetState,
+            _ if call.ends_with("Unlock") || call.ends_with(":unlock") => Op::Unlock,
+            _ if call.ends_with("Lock") || call.ends_with(":lock") => Op::Lock,
+            _ if call.ends_with("Checkpoint") || call.ends_with(":checkpoint") => Op::Checkpoint,
+            _ if call.ends_with("Restore") || call.ends_with(":restore") => Op::Restore,
+            _ => Op::Init,
+        };
+        (backend, op)
+    }
+
+    /// The plugin's own error mapping proves the grouping: within a group, every code gets the
+    /// same class from every call the sweep faults; every code is in one group; and a call
+    /// without a target gives every code one class.
+    #[test]
+    fn code_groups_are_codes_the_plugin_cannot_tell_apart() {
+        let mut all: Vec<&str> = CODE_GROUPS.iter().flat_map(|g| g.iter().copied()).collect();
+        all.sort_unstable();
+        let mut codes = CODES.to_vec();
+        codes.sort_unstable();
+        assert_eq!(all, codes, "every code in exactly one group");
+        for call in TASK_CALLS.iter().chain(CLI_TASK_CALLS) {
+            let (backend, op) = op_of(call);
+            assert_ne!(op, Op::Init, "{call}");
+            for g in CODE_GROUPS {
+                let classes: Vec<FailureClass> = g
+                    .iter()
+                    .map(|c| FailureClass::of(backend, op, code(c)))
+                    .collect();
+                assert!(
+                    classes.iter().all(|c| *c == classes[0]),
+                    "{call}: the plugin tells the codes of {g:?} apart: {classes:?}"
+                );
+            }
+        }
+        for call in GLOBAL_CALLS.iter().chain(&["cuda-checkpoint:help"]) {
+            let (backend, op) = op_of(call);
+            assert_eq!(op, Op::Init, "{call}");
+            let classes: Vec<FailureClass> = CODES
+                .iter()
+                .map(|c| FailureClass::of(backend, op, code(c)))
+                .collect();
+            assert!(
+                classes.iter().all(|c| *c == classes[0]),
+                "{call}: {classes:?}"
+            );
+            assert_eq!(codes_for(call, false).len(), 1);
+        }
+        // The groups are not finer than they need be for the calls that tell codes apart: each
+        // group has a class no other group has for some call.
+        for (i, g) in CODE_GROUPS.iter().enumerate() {
+            let distinct = TASK_CALLS.iter().chain(CLI_TASK_CALLS).any(|call| {
+                let (backend, op) = op_of(call);
+                let mine = FailureClass::of(backend, op, code(g[0]));
+                CODE_GROUPS
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .all(|(_, h)| FailureClass::of(backend, op, code(h[0])) != mine)
+            });
+            assert!(
+                distinct,
+                "group {g:?} is handled like another group by every call"
+            );
+        }
+    }
+
+    #[test]
+    fn the_default_sweep_injects_one_code_per_group_and_full_every_code() {
+        let default: std::collections::BTreeSet<&str> = cases(false)
+            .iter()
+            .filter_map(|c| match c.fault {
+                Fault::Return(code) => Some(code),
+                _ => None,
+            })
+            .collect();
+        let firsts: std::collections::BTreeSet<&str> = CODE_GROUPS.iter().map(|g| g[0]).collect();
+        assert_eq!(default, firsts);
+        let full: std::collections::BTreeSet<&str> = cases(true)
+            .iter()
+            .filter_map(|c| match c.fault {
+                Fault::Return(code) => Some(code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(full, CODES.iter().copied().collect());
+    }
 }

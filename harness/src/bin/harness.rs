@@ -391,6 +391,9 @@ struct SweepArgs {
     /// Also write the table to FILE.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Print the selected cases' keys and their number, and run none.
+    #[arg(long)]
+    list: bool,
 }
 
 /// `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]`: the fault sweep.
@@ -401,14 +404,22 @@ fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
         jobs,
         only,
         out,
+        list,
     } = SweepArgs::parse_from(
         std::iter::once(OsString::from("harness sweep")).chain(args.iter().cloned()),
     );
-    let art = artifacts_as_subreaper()?;
     let mut cases = sweep::cases(full);
     if let Some(f) = &only {
         cases = sweep::filter(cases, f);
     }
+    if list {
+        for c in &cases {
+            println!("{}", c.key());
+        }
+        println!("{} cases", cases.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let art = artifacts_as_subreaper()?;
     let total = cases.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let started = std::time::Instant::now();

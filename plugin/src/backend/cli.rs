@@ -16,8 +16,8 @@
 //! needs `--device-map` (r580+).
 
 use super::{
-    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, ExitInfo, GpuPair, Job,
-    JobResult, LockLimits, Op, Pid, Tid,
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, ExitInfo, FailureClass,
+    GpuPair, Job, JobResult, LockLimits, Op, Pid, Tid,
 };
 use abi::CUprocessState;
 use std::collections::HashMap;
@@ -679,7 +679,7 @@ impl Backend for Cli {
             // `CUDA_ERROR_NOT_INITIALIZED` (3) are what callers observe for a process without
             // CUDA state, as with the driver API. Any other failure (another code, a signal) is
             // an error: taking it for "no CUDA state" would dump the task unchecked.
-            ExitInfo::Code(1 | 3) => None,
+            ExitInfo::Code(c) if FailureClass::of_exit(op, c) == FailureClass::NoCudaState => None,
             status => {
                 return Err(BackendError::Exit {
                     op,

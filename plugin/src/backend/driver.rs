@@ -17,8 +17,8 @@
 //! [`BackendError::Busy`], a helper that died mid-call as [`BackendError::HelperLost`].
 
 use super::{
-    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, GpuPair, Job, JobResult,
-    LockLimits, Op, Pid, Tid,
+    lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, FailureClass, GpuPair, Job,
+    JobResult, LockLimits, Op, Pid, Tid,
 };
 use crate::worker::{CallError, Worker};
 use abi::cuda::GPU_PAIRS_MIN_DRIVER_VERSION;
@@ -436,11 +436,13 @@ impl Backend for DriverApi {
         )? {
             DriverReply::Tid(Ok(tid)) if tid > 0 => Ok(Some(tid)),
             DriverReply::Tid(Ok(_)) => Ok(None),
-            DriverReply::Tid(Err(code)) => match CUresult(code) {
-                // What callers of the API observe for a process without CUDA state.
-                CUresult::ERROR_INVALID_VALUE | CUresult::ERROR_NOT_INITIALIZED => Ok(None),
-                code => DriverApi::code(op, pid, code).map(|()| None),
-            },
+            DriverReply::Tid(Err(code)) => {
+                match FailureClass::of(BackendKind::DriverApi, op, CUresult(code)) {
+                    // What callers of the API observe for a process without CUDA state.
+                    FailureClass::NoCudaState => Ok(None),
+                    _ => DriverApi::code(op, pid, CUresult(code)).map(|()| None),
+                }
+            }
             other => Err(Self::mismatch(op, pid, other)),
         }
     }

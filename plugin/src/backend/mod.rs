@@ -147,6 +147,74 @@ pub fn lock_timeout_ms(timeout: Option<Duration>) -> u32 {
     })
 }
 
+/// How the plugin treats a failed call, by backend, operation and driver result: the one place
+/// where it tells failure codes apart. Every decision the plugin makes from a code (is there CUDA
+/// state at all, may the call have taken effect, did the driver's lock time out) goes through
+/// it, so the codes of one class are handled alike, and the fault sweep tests one code per class
+/// (`harness::sweep::CODE_GROUPS`, checked against this function).
+///
+/// Through `cuda-checkpoint` the plugin sees the utility's exit status, the `CUresult` modulo
+/// 256 ([`CUresult::exit_status`]). Calls without a target (`cuInit`, `cuDriverGetVersion`, the
+/// GPU enumeration; [`Op::Init`] here) have one class for every failure: the plugin only tells
+/// success from failure there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FailureClass {
+    /// What callers observe from "get the restore thread" for a process without CUDA state:
+    /// `CUDA_ERROR_INVALID_VALUE` or `CUDA_ERROR_NOT_INITIALIZED` (exit status 1 or 3). The task
+    /// is not the plugin's.
+    NoCudaState,
+    /// A definite refusal, `CUDA_ERROR_ILLEGAL_STATE` (exit status 145): the task's state does
+    /// not allow the operation (for a lock: someone else locked it first). It did not take
+    /// effect.
+    Refused,
+    /// The driver's own lock timeout, `CUDA_ERROR_NOT_READY` through the driver API: the lock
+    /// gave up and left the task running.
+    LockTimeout,
+    /// Any other failure: it may have taken effect, so the state must be checked (and a lock
+    /// undone).
+    Other,
+}
+
+impl FailureClass {
+    /// The class of `code` returned by `op` through `backend` (`code` is not a success).
+    #[must_use]
+    pub fn of(backend: BackendKind, op: Op, code: CUresult) -> Self {
+        match backend {
+            BackendKind::DriverApi => Self::of_driver(op, code),
+            BackendKind::CudaCheckpoint => Self::of_exit(op, i32::from(code.exit_status())),
+        }
+    }
+
+    fn of_driver(op: Op, code: CUresult) -> Self {
+        match (op, code) {
+            (Op::Init, _) => Self::Other,
+            (
+                Op::GetRestoreTid,
+                CUresult::ERROR_INVALID_VALUE | CUresult::ERROR_NOT_INITIALIZED,
+            ) => Self::NoCudaState,
+            (_, CUresult::ERROR_ILLEGAL_STATE) => Self::Refused,
+            (_, CUresult::ERROR_NOT_READY) => Self::LockTimeout,
+            _ => Self::Other,
+        }
+    }
+
+    /// The class of the utility's exit status `status` (not 0) for `op`.
+    #[must_use]
+    pub fn of_exit(op: Op, status: i32) -> Self {
+        let illegal = i32::from(CUresult::ERROR_ILLEGAL_STATE.exit_status());
+        let no_cuda = [
+            i32::from(CUresult::ERROR_INVALID_VALUE.exit_status()),
+            i32::from(CUresult::ERROR_NOT_INITIALIZED.exit_status()),
+        ];
+        match op {
+            Op::Init => Self::Other,
+            Op::GetRestoreTid if no_cuda.contains(&status) => Self::NoCudaState,
+            _ if status == illegal => Self::Refused,
+            _ => Self::Other,
+        }
+    }
+}
+
 /// A failed backend operation.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -235,10 +303,18 @@ impl BackendError {
     #[must_use]
     pub fn may_have_landed(&self) -> bool {
         match self {
-            BackendError::Cuda { code, .. } => *code != CUresult::ERROR_ILLEGAL_STATE,
-            BackendError::Exit { status, .. } => {
-                *status != ExitInfo::Code(i32::from(CUresult::ERROR_ILLEGAL_STATE.exit_status()))
-            }
+            BackendError::Cuda {
+                backend, op, code, ..
+            } => FailureClass::of(*backend, *op, *code) != FailureClass::Refused,
+            BackendError::Exit {
+                op,
+                status: ExitInfo::Code(c),
+                ..
+            } => FailureClass::of_exit(*op, *c) != FailureClass::Refused,
+            BackendError::Exit {
+                status: ExitInfo::Signal(_),
+                ..
+            } => true,
             BackendError::Timeout { .. }
             | BackendError::OutputHeld { .. }
             | BackendError::BadOutput { .. }
@@ -262,7 +338,9 @@ impl BackendError {
     pub fn is_timeout(&self) -> bool {
         match self {
             BackendError::Timeout { .. } => true,
-            BackendError::Cuda { code, .. } => *code == CUresult::ERROR_NOT_READY,
+            BackendError::Cuda {
+                backend, op, code, ..
+            } => FailureClass::of(*backend, *op, *code) == FailureClass::LockTimeout,
             _ => false,
         }
     }
