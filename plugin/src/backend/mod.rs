@@ -505,4 +505,69 @@ mod tests {
             "never 0 = forever by accident"
         );
     }
+
+    #[test]
+    fn failure_classes_by_backend_op_and_code() {
+        use BackendKind::{CudaCheckpoint as Cli, DriverApi as Api};
+        use FailureClass::{LockTimeout, NoCudaState, Other, Refused};
+        let cases = [
+            (
+                Api,
+                Op::GetRestoreTid,
+                CUresult::ERROR_INVALID_VALUE,
+                NoCudaState,
+            ),
+            (
+                Api,
+                Op::GetRestoreTid,
+                CUresult::ERROR_NOT_INITIALIZED,
+                NoCudaState,
+            ),
+            (Api, Op::Lock, CUresult::ERROR_INVALID_VALUE, Other),
+            (Api, Op::Lock, CUresult::ERROR_ILLEGAL_STATE, Refused),
+            (Api, Op::Lock, CUresult::ERROR_NOT_READY, LockTimeout),
+            (Api, Op::Restore, CUresult::ERROR_OUT_OF_MEMORY, Other),
+            (Api, Op::Init, CUresult::ERROR_ILLEGAL_STATE, Other),
+            (
+                Cli,
+                Op::GetRestoreTid,
+                CUresult::ERROR_INVALID_VALUE,
+                NoCudaState,
+            ),
+            (
+                Cli,
+                Op::GetRestoreTid,
+                CUresult::ERROR_NOT_INITIALIZED,
+                NoCudaState,
+            ),
+            (Cli, Op::Checkpoint, CUresult::ERROR_INVALID_VALUE, Other),
+            (Cli, Op::Lock, CUresult::ERROR_ILLEGAL_STATE, Refused),
+            // The utility's lock timeout is an exit status like any other.
+            (Cli, Op::Lock, CUresult::ERROR_NOT_READY, Other),
+            (Cli, Op::Unlock, CUresult::ERROR_UNKNOWN, Other),
+        ];
+        for (b, op, code, want) in cases {
+            assert_eq!(FailureClass::of(b, op, code), want, "{b} {op} {code}");
+        }
+        // The errors' own answers follow the class.
+        let e = |code| BackendError::Cuda {
+            backend: Api,
+            op: Op::Lock,
+            pid: 7,
+            code,
+        };
+        assert!(!e(CUresult::ERROR_ILLEGAL_STATE).may_have_landed());
+        assert!(e(CUresult::ERROR_UNKNOWN).may_have_landed());
+        assert!(e(CUresult::ERROR_NOT_READY).is_timeout());
+        assert!(!e(CUresult::ERROR_UNKNOWN).is_timeout());
+        let exit = |c| BackendError::Exit {
+            op: Op::Lock,
+            pid: 7,
+            command: String::new(),
+            status: ExitInfo::Code(c),
+            output: String::new(),
+        };
+        assert!(!exit(145).may_have_landed());
+        assert!(exit(231).may_have_landed());
+    }
 }
