@@ -183,6 +183,7 @@ mod tests {
             snapshot_applies: false,
             steps,
             elapsed: Duration::from_millis(1500),
+            invariants: None,
         })
     }
 

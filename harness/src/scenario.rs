@@ -88,8 +88,9 @@
 //! [[steps]]
 //! action = "write-image"         # replace an image with `hex` bytes (whitespace and `_`
 //! name = "cuda-gpu-inventory.img"  # ignored); with `offset`, overwrite from there instead;
-//! hex = "02000000"     # with `truncate = N`, keep the first N bytes (after any overwrite)
-//! offset = 8
+//! hex = "02000000"     # with `truncate = N`, keep the first N bytes (after any overwrite;
+//! offset = 8           # -N drops the last N); `from = "NAME"` starts from another image's
+//!                      # bytes, `replace = ["FROM", "TO"]` replaces the first FROM
 //!
 //! [expect]             # the final state
 //! tasks = "running"    # running | parked | gone
@@ -172,6 +173,49 @@ pub struct Scenario {
     /// and steps imply (see [`Scenario::requirements`]).
     #[serde(default)]
     pub requires: Vec<Capability>,
+    /// Judge the run by the plugin's invariants instead of `[expect]`: the last step, expected
+    /// `any`, may succeed or fail, and what must hold after it depends on which (see
+    /// [`Invariants`]). The fault sweep's cases are such scenarios.
+    #[serde(default)]
+    pub invariants: Option<Invariants>,
+}
+
+/// What a run judged by invariants checks, beyond what always holds (`[invariants]`).
+///
+/// After the last step (a dump or a restore, `expect = "any"`):
+/// - it ends within its `within`, and its log holds none of its `absent` strings;
+/// - a failure is reported by the plugin naming the hook, the pid of `task` and `reason` (once
+///   the world's first fault fired);
+/// - a failed dump leaves every surviving task running, untraced, unlocked and with its data
+///   (a task the plugin reports it could not put back excepted); a successful one leaves every
+///   CUDA task checkpointed and the tree parked, and a fault-free restore then brings it back;
+/// - a successful restore leaves everything running with its data (under the 4.1 rules, a task
+///   whose RESUME_DEVICES_LATE error was logged excepted); a failed one leaves the tree parked,
+///   every CUDA task checkpointed, locked or running, and recoverable: driven back with a
+///   fault-free `cuda-checkpoint` after SIGCONT, its data is intact;
+/// - `foreign_lock`'s task is left locked, then unlocked by the harness with its data intact;
+/// - nothing but the workload is left in the world.
+///
+/// A task a fault killed, or (with `may_fail`) put in the FAILED state, is exempt.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Invariants {
+    /// The task the fault names: a failure must name its pid.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// A word a failure the fault caused must contain (a code's name, `timed out`, …).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The faulted call is the rollback's (after another task's checkpoint failed): the
+    /// failure may name that other task instead.
+    #[serde(default)]
+    pub rollback: bool,
+    /// A `fail` fault: a task in the FAILED state is the fault's doing.
+    #[serde(default)]
+    pub may_fail: bool,
+    /// The task someone else locked before the plugin's call.
+    #[serde(default)]
+    pub foreign_lock: Option<String>,
 }
 
 /// Something a CUDA plugin under test can do beyond the baseline every CRIU CUDA plugin has
@@ -468,6 +512,8 @@ pub enum Outcome {
     Ok,
     /// Exit status 1.
     Fail,
+    /// Either: the scenario's `[invariants]` judge what follows (the last step only).
+    Any,
 }
 
 /// One step.
@@ -520,9 +566,18 @@ pub struct Step {
     /// `write-image`: overwrite from this offset instead of replacing the whole image.
     #[serde(default)]
     pub offset: Option<u64>,
-    /// `write-image`: keep only the first N bytes (after any overwrite).
+    /// `write-image`: keep only the first N bytes (after any overwrite); a negative N drops the
+    /// last -N bytes.
     #[serde(default)]
-    pub truncate: Option<u64>,
+    pub truncate: Option<i64>,
+    /// `write-image`: start from the bytes of this other image of the directory (`{task}` as in
+    /// `name`) instead of the image's own.
+    #[serde(default)]
+    pub from: Option<String>,
+    /// `write-image`: replace the first occurrence of the first string with the second (the
+    /// first must occur).
+    #[serde(default)]
+    pub replace: Option<[String; 2]>,
     /// `special-image`: what replaces the image.
     #[serde(default)]
     pub kind: Option<SpecialKind>,
@@ -538,6 +593,13 @@ pub struct Step {
     /// The step must end within this many seconds (a bounded-time expectation).
     #[serde(default)]
     pub within: Option<f64>,
+    /// Substrings the step's log must not contain.
+    #[serde(default)]
+    pub absent: Vec<String>,
+    /// CRIU steps: this many seconds into the step, the harness creates the world's `release`
+    /// file (what a `hang` fault with `file = "release"` waits for).
+    #[serde(default)]
+    pub release_after: Option<f64>,
 }
 
 /// What a `special-image` step puts in place of an image.
@@ -823,6 +885,38 @@ impl Scenario {
                 "expect.host_pids = \"changed\" needs workload.namespaces with \"pid\"".to_owned(),
             );
         }
+        let any: Vec<usize> = (0..self.steps.len())
+            .filter(|i| self.steps[*i].expect == Some(Outcome::Any))
+            .collect();
+        match (&self.invariants, any.as_slice()) {
+            (None, []) => {}
+            (None, [i, ..]) => {
+                return Err(format!(
+                    "step {i}: `expect = \"any\"` needs `[invariants]` to judge the run"
+                ))
+            }
+            (Some(_), [i]) if *i + 1 == self.steps.len() => {}
+            (Some(_), _) => {
+                return Err(
+                    "[invariants] judge the last step, which (alone) must be `expect = \"any\"`"
+                        .to_owned(),
+                )
+            }
+        }
+        if let Some(inv) = &self.invariants {
+            if self.expect != Expect::default() {
+                return Err("[invariants] replace [expect]: give one or the other".to_owned());
+            }
+            let last = &self.steps[self.steps.len() - 1];
+            if !matches!(last.action, Action::Dump | Action::Restore) {
+                return Err("[invariants] judge a dump or a restore".to_owned());
+            }
+            for t in inv.task.iter().chain(&inv.foreign_lock) {
+                if !seen.contains(&t.as_str()) {
+                    return Err(format!("invariants: unknown task `{t}`"));
+                }
+            }
+        }
         for (i, st) in self.steps.iter().enumerate() {
             self.validate_step(i, st)?;
             match (st.action, &st.task) {
@@ -937,6 +1031,8 @@ impl Scenario {
         key("hex", st.hex.is_some(), write)?;
         key("offset", st.offset.is_some(), write)?;
         key("truncate", st.truncate.is_some(), write)?;
+        key("from", st.from.is_some(), write)?;
+        key("replace", st.replace.is_some(), write)?;
         key("kind", st.kind.is_some(), st.action == Action::SpecialImage)?;
         if st.action == Action::SpecialImage && st.kind.is_none() {
             return Err(format!("step {i}: a `special-image` step needs `kind`"));
@@ -964,6 +1060,13 @@ impl Scenario {
             st.action == Action::Dump,
         )?;
         key("within", st.within.is_some(), !harness)?;
+        key("absent", !st.absent.is_empty(), !harness)?;
+        key("release_after", st.release_after.is_some(), criu)?;
+        if st.release_after.is_some_and(|w| !(w > 0.0 && w < 600.0)) {
+            return Err(format!(
+                "step {i}: `release_after` must be between 0 and 600 seconds"
+            ));
+        }
         if st.within.is_some_and(|w| !(w > 0.0 && w < 600.0)) {
             return Err(format!(
                 "step {i}: `within` must be between 0 and 600 seconds"
@@ -995,7 +1098,7 @@ impl Scenario {
                 "step {i}: reconfigure-world needs a scenario `[world]`"
             ));
         }
-        if let Some(n) = &st.name {
+        for n in st.name.iter().chain(&st.from) {
             if n.is_empty() || n.contains('/') || n == "." || n == ".." {
                 return Err(format!("step {i}: name `{n}` is not a file name"));
             }
@@ -1022,8 +1125,14 @@ impl Scenario {
             if st.offset.is_some() && bytes.is_none() {
                 return Err(format!("step {i}: `offset` needs `hex`"));
             }
-            if bytes.is_none() && st.truncate.is_none() {
-                return Err(format!("step {i}: write-image needs `hex` or `truncate`"));
+            if bytes.is_none() && st.truncate.is_none() && st.from.is_none() && st.replace.is_none()
+            {
+                return Err(format!(
+                    "step {i}: write-image needs `hex`, `truncate`, `from` or `replace`"
+                ));
+            }
+            if st.replace.as_ref().is_some_and(|[a, _]| a.is_empty()) {
+                return Err(format!("step {i}: `replace` needs a string to replace"));
             }
         }
         if let Some(k) = st.env.keys().find(|k| !is_env_name(k)) {

@@ -3,26 +3,33 @@
 //! the mock world knows that applies, on the first and on the second CUDA task, and check the
 //! invariants after each run.
 //!
-//! Each case runs a fresh world and a small tree (`t1`: CUDA root with one extra thread, `t2`: a
-//! CUDA child, `cpu`: a CPU-only child; 4 KiB per task) on the emulated engine, with
-//! `cuda_plugin.timeout=1`, and installs its faults (`mock-world configure`) only once the phase
-//! under test starts: the workload runs before a dump, the dump is done before a restore. A
-//! `rollback` case adds a trigger (the checkpoint of `t2` fails) so that the faulted call is the
-//! one the rollback makes for `t1`.
+//! Each case is a scenario ([`Case::scenario_toml`]; `harness sweep --print --only KEY` shows
+//! it, and `harness run` runs it saved to a file) run by the scenario runner, the one executor
+//! of the corpus too, and judged by its `[invariants]` ([`crate::scenario::Invariants`], checked
+//! by the runner): a fresh world and a small tree (`cpu`, a CPU-only root, with two CUDA
+//! children `t1` and `t2` of 4 KiB each) on the emulated engine, with `cuda_plugin.timeout=1`,
+//! its faults installed only once the phase under test starts (the workload runs before a dump,
+//! the dump is done before a restore). A `rollback` case adds a trigger (the checkpoint of `t2`
+//! fails) so that the faulted call is the one the rollback makes for `t1`.
+//!
+//! The codes injected are one per group of codes the plugin cannot tell apart ([`CODE_GROUPS`],
+//! proven against the plugin's own `FailureClass` by a unit test); `--full` injects every code
+//! of [`CODES`] and the slow faults (delays, hangs) at every call.
 //!
 //! A container-shaped variant ([`Tree::Container`], the `tree` column) runs the same tree
 //! started in new pid and mount namespaces (`cpu`, the root, is the namespace's init; the tasks
 //! are known by host pids, as CRIU names them), for the lock, checkpoint, restore and unlock
 //! calls of both tasks through both backends with a representative set of faults (a failing
 //! call, one that fails after its effect, a target killed under the call, someone else's lock)
-//! and a rollback ([`container_cases`]).
+//! and a rollback ([`container_cases`]). Every case also runs in the plugin's parallel mode.
 //!
 //! Invariants, checked after every case:
-//! - the faulted step ends within [`STEP_LIMIT`] (the engine is killed past it: "hang");
+//! - the faulted step ends within [`STEP_LIMIT`] (the freeze-alarm cases: CRIU's `--timeout`
+//!   and half a second, without reaching CRIU's FATAL path);
 //! - it succeeds, or fails with a plugin error naming the step (`PAUSE_DEVICES`, ...), the pid of
 //!   the faulted task (for faults that name one) and the code (or `timed out`, for delays);
 //! - a failed dump or rollback leaves every surviving task running (not stopped, not ptraced),
-//!   unlocked (CUDA state running), its GPU data intact (`PASS`), its descriptor count unchanged;
+//!   unlocked (CUDA state running), its GPU data intact (`PASS`);
 //!   a task the rollback could not put back is allowed only when the log reports it by pid;
 //! - a successful dump leaves every CUDA task checkpointed and parked; a fault-free restore then
 //!   brings everything back running with its data;
@@ -33,29 +40,17 @@
 //!   `cuda-checkpoint`, its data is intact. Under the 4.1 rules a failing RESUME_DEVICES_LATE is
 //!   only logged: a "successful" restore that leaves a task not running must have logged the
 //!   error naming it;
+//! - someone else's lock is left in place, and once undone the task's data is intact;
 //! - no process of the world other than the workload is left (no `cuda-checkpoint` helper).
 //!
 //! A task killed by a `kill-target` fault, or put in the FAILED state by a `fail` fault, is
 //! exempt from the per-task checks (the fault did that, not the plugin).
 
-use crate::procfs::{comm, parked, state, thread_count, world_processes};
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Read as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
-use nix::unistd::Pid;
-
-use crate::runner::Artifacts;
-use crate::scenario::Namespace;
-use crate::workload::{
-    cuda_state_name, host_pid_in, kill_and_reap, mock_env, run_checked, spawn_root, tree_root,
-    verify_data, wait_ready,
-};
+use crate::runner::{Artifacts, Verdict};
+use crate::scenario::Scenario;
 
 /// The longest a faulted step may take before it counts as a hang (and is killed).
 pub const STEP_LIMIT: Duration = Duration::from_secs(20);
@@ -192,13 +187,6 @@ impl Tree {
         match self {
             Tree::Bare => "bare",
             Tree::Container => "container",
-        }
-    }
-
-    fn namespaces(self) -> &'static [Namespace] {
-        match self {
-            Tree::Bare => &[],
-            Tree::Container => &[Namespace::Pid, Namespace::Mount],
         }
     }
 }
@@ -458,9 +446,6 @@ impl Case {
         }
     }
 }
-
-/// How long a step waits for the plugin's guardian to exit after the engine.
-const GUARDIAN_SETTLE: Duration = Duration::from_secs(5);
 
 /// Cases known to violate an invariant, with why: each is a reported plugin limitation, kept
 /// visible in the table (`xfail`) until it is fixed; a case that starts holding its invariants is
@@ -736,833 +721,229 @@ pub struct CaseResult {
     pub detail: String,
 }
 
-const TASKS: [&str; 3] = ["t1", "t2", "cpu"];
-
-struct Run<'a> {
-    case: Case,
-    art: &'a Artifacts,
-    dir: PathBuf,
-    world: PathBuf,
-    env: Vec<(String, String)>,
-    pids: Vec<i32>,
-    root_child: Option<Child>,
-    violations: Vec<String>,
-    detail: String,
-}
-
-/// Runs one case.
-#[must_use]
-pub fn run_case(case: &Case, art: &Artifacts) -> CaseResult {
-    let start = Instant::now();
-    let tmp = tempfile::Builder::new().prefix("sweep-").tempdir();
-    let mut r = match &tmp {
-        Ok(t) => Run {
-            case: *case,
-            art,
-            dir: t.path().to_path_buf(),
-            world: t.path().join("world"),
-            env: Vec::new(),
-            pids: Vec::new(),
-            root_child: None,
-            violations: Vec::new(),
-            detail: String::new(),
-        },
-        Err(e) => {
-            return CaseResult {
-                case: *case,
-                outcome: "setup failed".to_owned(),
-                fired: false,
-                violations: vec![format!("tempdir: {e}")],
-                elapsed: start.elapsed(),
-                detail: String::new(),
-            }
+impl Case {
+    /// The backend the case's call belongs to.
+    fn backend(&self) -> &'static str {
+        if self.cli() {
+            "cuda-checkpoint"
+        } else {
+            "driver-api"
         }
-    };
-    let (outcome, fired) = match r.execute() {
-        Ok(x) => x,
-        Err(e) => {
-            r.violations
-                .push(format!("setup: {}", e.lines().next().unwrap_or("")));
-            let _ = writeln!(r.detail, "{e}");
-            ("setup failed".to_owned(), false)
-        }
-    };
-    r.cleanup();
-    CaseResult {
-        case: *case,
-        outcome,
-        fired,
-        violations: r.violations,
-        elapsed: start.elapsed(),
-        detail: r.detail,
     }
-}
 
-/// The result of one engine step.
-struct StepResult {
-    ok: bool,
-    log: String,
-    trace: String,
-    took: Duration,
-    killed: bool,
-}
+    /// The task the fault names, by name.
+    fn task(&self) -> Option<&'static str> {
+        match self.target {
+            Target::Any => None,
+            Target::First => Some("t1"),
+            Target::Second => Some("t2"),
+        }
+    }
 
-impl Run<'_> {
-    fn world_config(&self, faults: &[(String, Option<i32>, u32, String)]) -> String {
-        let mut t = String::from(
-            "schema = 1\n[driver]\nbranch = 580\n\n[[gpu]]\n\
-             uuid = \"GPU-00000000-0000-4000-8000-000000000000\"\n\
-             name = \"NVIDIA H100 80GB HBM3\"\nmemory_mib = 81559\nchip = \"GH100\"\n",
+    /// The case as a scenario (`docs/scenarios.md`), judged by `[invariants]`: a fresh world
+    /// (driver r580, one GPU), the tree `cpu` (a CPU-only root; so that a `kill-target` fault
+    /// never kills the root of the dumped tree) with two CUDA children `t1` and `t2` of 4 KiB
+    /// each, in new pid and mount namespaces for [`Tree::Container`]; the emulated engine of
+    /// the case's profile; `cuda_plugin.timeout=1` (10 under the freeze alarm, which must bound
+    /// the call instead) and the case's backend and mode. The fault is installed (a
+    /// `reconfigure-world` step) only once the phase under test starts: the workload runs
+    /// before a dump, the dump is done (and a task image damaged) before a restore. A rollback
+    /// case adds a trigger: the checkpoint of `t2` fails, so that the faulted call is the one
+    /// the rollback makes for `t1`. `harness sweep --print --only KEY` prints it.
+    #[must_use]
+    pub fn scenario_toml(&self) -> String {
+        let c = self;
+        let mut t = String::new();
+        let _ = writeln!(t, "description = \"fault sweep: {}\"", c.key());
+        let _ = writeln!(
+            t,
+            "options = [\"cuda_plugin.backend={}\", \"cuda_plugin.timeout={}\", \"cuda_plugin.parallel={}\"]",
+            c.backend(),
+            if c.fault == Fault::AlarmHang { 10 } else { 1 },
+            if c.parallel { "auto" } else { "1" }
         );
-        for (function, pid, nth, action) in faults {
-            let _ = write!(t, "\n[[fault]]\nfunction = \"{function}\"\n");
-            if let Some(p) = pid {
-                let _ = writeln!(t, "pid = {p}");
+        t.push_str("\n[world]\ndriver = { branch = 580 }\n\n[workload]\n");
+        if c.tree == Tree::Container {
+            t.push_str("namespaces = [\"pid\", \"mount\"]\n");
+        }
+        t.push_str(
+            "tasks = [\n    { name = \"cpu\" },\n    \
+             { name = \"t1\", parent = \"cpu\", cuda = true, kib = 4 },\n    \
+             { name = \"t2\", parent = \"cpu\", cuda = true, kib = 4 },\n]\n",
+        );
+        let _ = writeln!(
+            t,
+            "\n[host]\nengine = \"emulated\"\nprofile = \"{}\"\n\n[[plugins]]\nkind = \"cuda\"",
+            c.profile
+        );
+        if c.fault == Fault::PluginFails {
+            // Loaded after ours: it declines every task and fails its DUMP_FINISH.
+            t.push_str(
+                "\n[[plugins]]\nkind = \"test\"\nname = \"other\"\n\
+                 script = { pause = \"ret=-95\", checkpoint = \"ret=-95\", resume = \"ret=-95\", dfinish = \"ret=-5\" }\n",
+            );
+        }
+        if c.phase == Phase::Restore {
+            t.push_str("\n[[steps]]\naction = \"dump\"\nexpect = \"ok\"\n");
+            if let Fault::Image(d) = c.fault {
+                t.push_str(&image_damage(d, c.target));
             }
-            let _ = writeln!(t, "nth = {nth}\naction = {action}");
+        }
+        let faults = self.faults_toml();
+        if !faults.is_empty() {
+            let _ = write!(
+                t,
+                "\n[[steps]]\naction = \"reconfigure-world\"\nworld = {{ fault = [\n{faults}] }}\n"
+            );
+        }
+        let verb = if c.phase == Phase::Restore {
+            "restore"
+        } else {
+            "dump"
+        };
+        let _ = write!(t, "\n[[steps]]\naction = \"{verb}\"\nexpect = \"any\"\n");
+        if c.fault == Fault::AlarmHang {
+            let _ = writeln!(
+                t,
+                "criu_timeout = {}\nwithin = {}\nabsent = [\"FATAL\"]",
+                ALARM_TIMEOUT.as_secs(),
+                (ALARM_TIMEOUT + ALARM_SLACK).as_secs_f64()
+            );
+        } else {
+            let _ = writeln!(t, "within = {}", STEP_LIMIT.as_secs());
+        }
+        if c.fault == Fault::HangFile {
+            let _ = writeln!(t, "release_after = {}", HANG_RELEASE.as_secs_f64());
+        }
+        if c.fault == Fault::ScriptFails {
+            t.push_str(
+                "action_script = '[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 3; exit 0'\n",
+            );
+        }
+        t.push_str("\n[invariants]\n");
+        if let Some(task) = c.task() {
+            let _ = writeln!(t, "task = \"{task}\"");
+        }
+        if let Some(r) = c.fault.reason() {
+            let _ = writeln!(t, "reason = \"{r}\"");
+        }
+        if c.phase == Phase::Rollback {
+            t.push_str("rollback = true\n");
+        }
+        if c.fault == Fault::Fail {
+            t.push_str("may_fail = true\n");
+        }
+        if let (Fault::ForeignLock, Some(task)) = (c.fault, c.task()) {
+            let _ = writeln!(t, "foreign_lock = \"{task}\"");
         }
         t
     }
 
-    fn configure(&self, verb: &str, text: &str) -> Result<(), String> {
-        let cfg = self.dir.join(format!("world-{verb}.toml"));
-        std::fs::write(&cfg, text).map_err(|e| e.to_string())?;
-        run_checked(
-            Command::new(&self.art.mock_world)
-                .arg(verb)
-                .arg(&self.world)
-                .arg("--config")
-                .arg(&cfg)
-                .arg("--lib")
-                .arg(&self.art.mock_lib)
-                .arg("--nvml-lib")
-                .arg(&self.art.mock_nvml),
-            &format!("mock-world {verb}"),
-        )
-        .map(drop)
-    }
-
-    fn setup(&mut self) -> Result<(), String> {
-        let lib = self.dir.join("lib");
-        let bin = self.dir.join("bin");
-        std::fs::create_dir(&lib).map_err(|e| e.to_string())?;
-        std::fs::create_dir(&bin).map_err(|e| e.to_string())?;
-        std::fs::copy(&self.art.plugin, lib.join("cuda_plugin.so"))
-            .map_err(|e| format!("copy plugin: {e}"))?;
-        if self.case.fault == Fault::PluginFails {
-            // Loaded after ours: it declines every task and fails its DUMP_FINISH.
-            run_checked(
-                Command::new("cc")
-                    .args(["-shared", "-fPIC", "-O0", "-w", "-DTP_NAME=\"other\""])
-                    .arg(
-                        self.art
-                            .workspace
-                            .join("harness/tests/support/testplugin.c"),
-                    )
-                    .arg("-o")
-                    .arg(lib.join("other.so")),
-                "cc test plugin",
-            )?;
-        }
-        std::os::unix::fs::symlink(&self.art.cuda_checkpoint, bin.join("cuda-checkpoint"))
-            .map_err(|e| e.to_string())?;
-        self.configure("init", &self.world_config(&[]))?;
-        self.env = mock_env(&self.world, &bin);
-        if self.case.fault == Fault::PluginFails {
-            for (k, v) in [
-                ("TP_other_pause", "ret=-95"),
-                ("TP_other_checkpoint", "ret=-95"),
-                ("TP_other_resume", "ret=-95"),
-                ("TP_other_dfinish", "ret=-5"),
-            ] {
-                self.env.push((k.to_owned(), v.to_owned()));
-            }
-            self.env.push((
-                "TP_LOG".to_owned(),
-                self.dir.join("tp.log").display().to_string(),
-            ));
-        }
-        // cpu (the root) -> t1 (CUDA), t2 (CUDA). The root is a CPU task so
-        // that a `kill-target` fault never kills the root of the dumped tree.
-        let app = self.art.mock_app.display().to_string();
-        let d = self.dir.display().to_string();
-        let scripts = [
-            format!(
-                "sh {d}/task1.sh &\nsh {d}/task2.sh &\nexec {app} --report {d}/report2 --threads 0 --cpu-only\n"
-            ),
-            format!("exec {app} --report {d}/report0 --threads 0 --gpus 0 --kib 4\n"),
-            format!("exec {app} --report {d}/report1 --threads 0 --gpus 0 --kib 4\n"),
-        ];
-        for (i, s) in scripts.iter().enumerate() {
-            std::fs::write(self.dir.join(format!("task{i}.sh")), s).map_err(|e| e.to_string())?;
-        }
-        let namespaces = self.case.tree.namespaces();
-        let child = spawn_root(&self.dir, &self.env, namespaces)?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let root = tree_root(&child, namespaces, deadline);
-        self.root_child = Some(child);
-        // In new namespaces the READY lines give namespace pids: the host's pids are those of
-        // the same pids in the root's pid namespace.
-        let ns = match namespaces.contains(&Namespace::Pid) {
-            true => Some(
-                mock_cuda_world::pidns::pid_ns_of(root?).ok_or("no pid namespace of the root")?,
-            ),
-            false => None,
-        };
-        for (i, task) in TASKS.iter().enumerate() {
-            let (pid, _) = wait_ready(&self.dir, i, task, deadline)?;
-            let host = match ns {
-                Some(ns) => host_pid_in(ns, pid)
-                    .ok_or_else(|| format!("{task}: no pid {pid} in pid namespace {ns}"))?,
-                None => pid,
-            };
-            self.pids.push(host);
-        }
-        // t1, t2: main and restore thread.
-        for (i, want) in [2, 2, 1].into_iter().enumerate() {
-            let end = Instant::now() + Duration::from_secs(5);
-            while thread_count(self.pids[i]) < want && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-        Ok(())
-    }
-
-    fn faults(&self) -> Vec<(String, Option<i32>, u32, String)> {
-        let c = &self.case;
+    /// The world's faults for the phase under test, as TOML array items: the case's own first
+    /// (the one whose firing the invariants look for), then a rollback's trigger.
+    fn faults_toml(&self) -> String {
+        let c = self;
         if !c.fault.in_world() {
-            return Vec::new();
+            return String::new();
         }
-        let pid = match c.target {
-            Target::Any => None,
-            Target::First => Some(self.pids[0]),
-            Target::Second => Some(self.pids[1]),
-        };
-        let mut f = vec![(c.call.to_owned(), pid, c.nth(), c.fault.action())];
+        let task = |t: Option<&str>| t.map(|t| format!(", task = \"{t}\"")).unwrap_or_default();
+        let mut f = format!(
+            "    {{ function = \"{}\"{}, nth = {}, action = {} }},\n",
+            c.call,
+            task(c.task()),
+            c.nth(),
+            c.fault.action()
+        );
         if c.phase == Phase::Rollback {
             let trigger = if c.cli() {
                 "cuda-checkpoint:checkpoint"
             } else {
                 "cuCheckpointProcessCheckpoint"
             };
-            f.push((
-                trigger.to_owned(),
-                Some(self.pids[1]),
-                1,
-                Fault::Return("CUDA_ERROR_UNKNOWN").action(),
-            ));
+            let _ = writeln!(
+                f,
+                "    {{ function = \"{trigger}\", task = \"t2\", nth = 1, action = {} }},",
+                Fault::Return("CUDA_ERROR_UNKNOWN").action()
+            );
         }
         f
     }
+}
 
-    /// Runs `harness --host P <verb>`, killing it past [`STEP_LIMIT`].
-    fn step(&self, verb: &str, n: usize, release: bool) -> Result<StepResult, String> {
-        let img = self.dir.join("img");
-        let log = self.dir.join(format!("step{n}.log"));
-        let trace = self.dir.join(format!("step{n}.trace"));
-        let profile: crate::profile::HostProfile =
-            self.case.profile.parse().map_err(|e| format!("{e}"))?;
-        let alarm = self.case.fault == Fault::AlarmHang;
-        let options = [
-            if self.case.cli() {
-                "cuda_plugin.backend=cuda-checkpoint"
-            } else {
-                "cuda_plugin.backend=driver-api"
-            },
-            // Under the freeze alarm the plugin's own timeout is long: the alarm must bound it.
-            if alarm {
-                "cuda_plugin.timeout=10"
-            } else {
-                "cuda_plugin.timeout=1"
-            },
-            if self.case.parallel {
-                "cuda_plugin.parallel=auto"
-            } else {
-                "cuda_plugin.parallel=1"
-            },
-        ];
-        let mut c = Command::new(&self.art.harness);
-        c.arg("--host").arg(self.case.profile).arg(verb);
-        c.arg("-D")
-            .arg(&img)
-            .arg("-L")
-            .arg(self.dir.join("lib"))
-            .arg("-v4")
-            .arg("-o")
-            .arg(&log)
-            .arg("--trace")
-            .arg(&trace);
-        if verb == "dump" {
-            c.arg("-t").arg(self.pids[2].to_string());
-            if alarm {
-                c.arg("--timeout").arg(ALARM_TIMEOUT.as_secs().to_string());
-            }
-            if self.case.fault == Fault::ScriptFails {
-                let script = self.dir.join("post-dump.sh");
-                std::fs::write(
-                    &script,
-                    "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exit 3\nexit 0\n",
-                )
-                .map_err(|e| e.to_string())?;
-                c.arg("--action-script").arg(&script);
-            }
-        }
-        c.env_remove("CRIU_LIBS_DIR")
-            .env_remove("CRIU_FAULT")
-            .env_remove("CRIU_PLUGIN_OPTIONS");
-        if profile.has_plugin_options() {
-            for o in options {
-                c.arg("--plugin-option").arg(o);
-            }
-        } else {
-            c.env("CRIU_PLUGIN_OPTIONS", options.join(" "));
-        }
-        c.envs(self.env.iter().map(|(k, v)| (k, v)));
-        c.env("CRIU_CUDA_FORCE_ENABLE", "1");
-        let started = Instant::now();
-        let out = std::fs::File::create(self.dir.join(format!("step{n}.out")))
-            .map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let mut child = c
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("spawn {verb}: {e}"))?;
-        let mut killed = false;
-        let mut released = false;
-        let status = loop {
-            if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
-                break s;
-            }
-            // A task a fault killed is our child (or orphan): reap it, as CRIU's parent would.
-            for &p in &self.pids {
-                if state(p) == 'Z' {
-                    let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
-                }
-            }
-            let t = started.elapsed();
-            if release && !released && t >= HANG_RELEASE {
-                let _ = std::fs::write(self.world.join("release"), "");
-                released = true;
-            }
-            if t > STEP_LIMIT {
-                killed = true;
-                let _ = child.kill();
-                break child.wait().map_err(|e| e.to_string())?;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let took = started.elapsed();
-        if release && !released {
-            let _ = std::fs::write(self.world.join("release"), "");
-        }
-        let mut output = String::new();
-        if let Ok(mut f) = std::fs::File::open(self.dir.join(format!("step{n}.out"))) {
-            let _ = f.read_to_string(&mut output);
-        }
-        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
-        // The plugin's guardian outlives the engine briefly (it puts back a tree the engine
-        // resumed checkpointed, as after a failed post-dump script): the invariants are checked
-        // once it is done. One still waiting for a hung call is left to its own bound.
-        for pid in crate::runner::guardian_pids(&log_text) {
-            let _ = crate::runner::wait_gone(pid, GUARDIAN_SETTLE);
-        }
-        Ok(StepResult {
-            ok: status.success() && !killed,
-            log: format!("{log_text}{output}"),
-            trace: std::fs::read_to_string(&trace).unwrap_or_default(),
-            took,
-            killed,
-        })
+/// The image steps that damage the target task's image after a fault-free dump.
+fn image_damage(d: ImageDamage, target: Target) -> String {
+    let (me, other) = match target {
+        Target::Second => ("t2", "t1"),
+        _ => ("t1", "t2"),
+    };
+    let name = format!("cuda-plugin-{{{me}}}.img");
+    let step = |kind: &str, rest: &str| {
+        format!("\n[[steps]]\naction = \"{kind}\"\nname = \"{name}\"\n{rest}")
+    };
+    match d {
+        ImageDamage::Missing => step("remove-image", ""),
+        ImageDamage::Empty => step("write-image", "hex = \"\"\n"),
+        ImageDamage::Truncated => step("write-image", "truncate = -4\n"),
+        // The image's first line is `cuda-plugin-task …`: byte 3 is an `a` (0x61).
+        ImageDamage::Flipped => step("write-image", "offset = 3\nhex = \"e1\"\n"),
+        ImageDamage::OtherPid => step(
+            "write-image",
+            &format!("from = \"cuda-plugin-{{{other}}}.img\"\n"),
+        ),
+        ImageDamage::UnknownState => step(
+            "write-image",
+            "replace = [\"initial_state running\", \"initial_state 77\"]\n",
+        ),
+        ImageDamage::Fifo => step("special-image", "kind = \"fifo\"\n"),
+        ImageDamage::DevZero => step("special-image", "kind = \"dev-zero\"\n"),
     }
+}
 
-    fn world_states(&self) -> Result<BTreeMap<i32, String>, String> {
-        let out = run_checked(
-            Command::new(&self.art.mock_world)
-                .arg("status")
-                .arg(&self.world)
-                .arg("--json"),
-            "mock-world status",
-        )?;
-        let st: serde_json::Value =
-            serde_json::from_str(&out).map_err(|e| format!("mock-world status --json: {e}"))?;
-        let mut m = BTreeMap::new();
-        for &pid in &self.pids {
-            let e = &st["processes"][pid.to_string()];
-            m.insert(pid, cuda_state_name(e).to_owned());
-        }
-        Ok(m)
-    }
-
-    fn fired(&self) -> bool {
-        if !self.case.fault.in_world() {
-            return true;
-        }
-        let Ok(text) = std::fs::read_to_string(self.world.join("state.json")) else {
-            return false;
-        };
-        let Ok(st) = serde_json::from_str::<serde_json::Value>(&text) else {
-            return false;
-        };
-        st["fault_counts"]["0"]
-            .as_u64()
-            .is_some_and(|n| n >= u64::from(self.case.nth()))
-    }
-
-    fn alive(&self, pid: i32) -> bool {
-        let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
-        Path::new(&format!("/proc/{pid}")).exists() && !matches!(state(pid), 'Z' | 'X' | '?')
-    }
-
-    fn name(&self, pid: i32) -> &'static str {
-        self.pids
-            .iter()
-            .position(|&p| p == pid)
-            .map_or("?", |i| TASKS[i])
-    }
-
-    /// Where the step failed: the first hook (or init) that returned an error.
-    fn failed_at(trace: &str) -> String {
-        for l in trace.lines() {
-            if let Some(at) = l.find(" -> -").filter(|_| !l.ends_with(" -> -95")) {
-                let mut w = l[..at].split_whitespace();
-                return match (w.next(), w.next()) {
-                    (Some("hook"), Some(h)) => h.to_owned(),
-                    (Some("init"), _) => "init".to_owned(),
-                    (Some(x), _) => x.to_owned(),
-                    _ => "?".to_owned(),
-                };
+/// Runs one case: its scenario through the runner ([`crate::runner::run`]), judged by its
+/// invariants.
+#[must_use]
+pub fn run_case(case: &Case, art: &Artifacts) -> CaseResult {
+    let start = Instant::now();
+    let text = case.scenario_toml();
+    let s = match Scenario::parse(&format!("sweep case {}", case.key()), &text) {
+        Ok(s) => s,
+        Err(e) => {
+            return CaseResult {
+                case: *case,
+                outcome: "setup failed".to_owned(),
+                fired: false,
+                violations: vec![format!("the case's scenario: {e}")],
+                elapsed: start.elapsed(),
+                detail: text,
             }
         }
-        if trace.contains("-> failed") {
-            "engine".to_owned()
-        } else {
-            "?".to_owned()
-        }
-    }
-
-    /// The failure is reported by the plugin naming the step, the pid and the reason.
-    fn check_error_named(&mut self, s: &StepResult, fired: bool) {
-        let c = self.case;
-        let steps = [
-            "PAUSE_DEVICES",
-            "CHECKPOINT_DEVICES",
-            "RESUME_DEVICES_LATE",
-            "dump finish",
-            "init",
-            "cuda_plugin",
-        ];
-        let pid = match c.target {
-            Target::Any => None,
-            Target::First => Some(self.pids[0]),
-            Target::Second => Some(self.pids[1]),
-        };
-        let lines: Vec<&str> = s
-            .log
-            .lines()
-            .filter(|l| l.contains("cuda_plugin"))
-            .collect();
-        let named = lines.iter().any(|l| {
-            steps[..4].iter().any(|st| l.contains(st))
-                && (pid.is_none()
-                    || !fired
-                    || l.contains(&format!("pid {}", pid.unwrap_or(0)))
-                    || c.phase == Phase::Rollback)
-                && (!fired || c.fault.reason().is_none_or(|r| l.contains(r)))
-        });
-        let init_named = lines.iter().any(|l| {
-            l.contains("init")
-                && (!fired || c.fault.reason().is_none_or(|r| l.contains(r)) || c.cli())
-        });
-        // A "no CUDA state" answer for a CUDA task makes the plugin decline it; CRIU's file
-        // dump then refuses the task's GPU descriptor and names the task: a clean failure.
-        let refused = pid.is_some_and(|p| s.log.contains(&format!("Dump files (pid: {p})")));
-        if !named && !init_named && !refused {
-            self.violations.push(format!(
-                "the failure is not reported naming step, pid and {}",
-                c.fault.reason().unwrap_or("cause")
-            ));
-        }
-    }
-
-    /// Tasks that the fault itself took out of the checks: dead, or put in FAILED by `fail`.
-    fn exempt(&self, states: &BTreeMap<i32, String>) -> Vec<i32> {
-        self.pids
-            .iter()
-            .copied()
-            .filter(|&p| {
-                !self.alive(p)
-                    || (self.case.fault == Fault::Fail
-                        && states.get(&p).is_some_and(|s| s == "failed"))
-            })
-            .collect()
-    }
-
-    fn states_text(&self, states: &BTreeMap<i32, String>) -> String {
-        self.pids[..2]
-            .iter()
-            .map(|&p| {
-                let s = if self.alive(p) {
-                    states.get(&p).map_or("?", String::as_str)
-                } else {
-                    "dead"
-                };
-                format!("{}={s}", self.name(p))
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-
-    /// Running, untraced, with the expected CUDA state and fd count, data verified.
-    fn check_running(&mut self, what: &str, states: &BTreeMap<i32, String>, skip: &[i32]) {
-        let end = Instant::now() + Duration::from_secs(3);
-        for (i, &p) in self.pids.clone().iter().enumerate() {
-            if skip.contains(&p) {
-                continue;
-            }
-            while crate::pstree::running_untraced(p).is_err() && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if let Err(e) = crate::pstree::running_untraced(p) {
-                self.violations
-                    .push(format!("{what}: {} not running untraced ({e})", TASKS[i]));
-            }
-            let want = if i < 2 { "running" } else { "none" };
-            let got = states.get(&p).map_or("?", String::as_str);
-            if got != want {
-                self.violations
-                    .push(format!("{what}: {} CUDA state {got}, not {want}", TASKS[i]));
-            }
-        }
-        let live: Vec<(usize, i32)> = self
-            .pids
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|(_, p)| !skip.contains(p))
-            .collect();
-        for (i, verdict) in self.verify_data(&live) {
-            if !verdict.starts_with("PASS") {
-                self.violations
-                    .push(format!("{what}: {} data check: {verdict}", TASKS[i]));
-            }
-        }
-    }
-
-    fn verify_data(&self, tasks: &[(usize, i32)]) -> Vec<(usize, String)> {
-        tasks
-            .iter()
-            .map(|&(i, _)| i)
-            .zip(verify_data(&self.dir, tasks))
-            .collect()
-    }
-
-    /// Processes of this world other than the workload.
-    fn check_leftovers(&mut self) {
-        // The `unshare` that waits for a container-shaped tree is no leftover.
-        let unshare = self.root_child.as_ref().map(|c| c.id() as i32);
-        let extra: Vec<String> = world_processes(&self.world)
-            .into_iter()
-            .filter(|pid| !self.pids.contains(pid) && !matches!(state(*pid), 'Z' | '?'))
-            .filter(|pid| Some(*pid) != unshare)
-            .map(|pid| format!("{pid} ({})", comm(pid)))
-            .collect();
-        if !extra.is_empty() {
-            self.violations
-                .push(format!("processes left behind: {}", extra.join(", ")));
-        }
-    }
-
-    /// Parked: every thread group-stopped and untraced.
-    fn check_parked(&mut self, what: &str, skip: &[i32]) {
-        let end = Instant::now() + Duration::from_secs(3);
-        for (i, &p) in self.pids.clone().iter().enumerate() {
-            if skip.contains(&p) {
-                continue;
-            }
-            while !parked(p) && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if !parked(p) {
-                self.violations.push(format!(
-                    "{what}: {} is not parked ({})",
-                    TASKS[i],
-                    crate::pstree::running_untraced(p).err().unwrap_or_default()
-                ));
-            }
-        }
-    }
-
-    /// Drives each CUDA task back to running with a fault-free `cuda-checkpoint` after a
-    /// SIGCONT.
-    fn recover(&mut self, skip: &[i32]) -> Result<(), String> {
-        self.configure("configure", &self.world_config(&[]))?;
-        for &p in &self.pids {
-            let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
-        }
-        // A request the failed restore abandoned may still complete: let it, then look.
-        std::thread::sleep(Duration::from_millis(100));
-        let states = self.world_states()?;
-        for &p in &self.pids[..2] {
-            if skip.contains(&p) {
-                continue;
-            }
-            let actions: &[&str] = match states.get(&p).map(String::as_str) {
-                Some("checkpointed") => &["restore", "unlock"],
-                Some("locked") => &["unlock"],
-                _ => &[],
-            };
-            for a in actions {
-                run_checked(
-                    Command::new(&self.art.cuda_checkpoint)
-                        .args(["--action", a, "--pid", &p.to_string()])
-                        .envs(self.env.iter().map(|(k, v)| (k, v))),
-                    &format!("cuda-checkpoint --action {a}"),
-                )?;
-            }
-        }
-        Ok(())
-    }
-
-    fn execute(&mut self) -> Result<(String, bool), String> {
-        self.setup()?;
-        let c = self.case;
-        let verb = if c.phase == Phase::Restore {
-            let s = self.step("dump", 0, false)?;
-            if !s.ok {
-                return Err(format!("the fault-free dump failed:\n{}", s.log));
-            }
-            "restore"
-        } else {
-            "dump"
-        };
-        let n = usize::from(c.phase == Phase::Restore);
-        if let Fault::Image(d) = c.fault {
-            self.damage_image(d)?;
-        }
-        self.configure("configure", &self.world_config(&self.faults()))?;
-        let s = self.step(verb, n, c.fault == Fault::HangFile)?;
-        let fired = self.fired();
-        if s.killed {
-            self.violations
-                .push(format!("{verb} still running after {STEP_LIMIT:?}: killed"));
-        }
-        let states = self.world_states()?;
-        let skip = self.exempt(&states);
-        let at = Self::failed_at(&s.trace);
-        let mut outcome = if s.ok {
-            format!("{verb} ok")
-        } else {
-            format!("{verb} failed at {at}")
-        };
-        let _ = write!(outcome, "; {}", self.states_text(&states));
-        if !fired {
-            outcome.push_str(" (not reached)");
-        }
-        if c.fault == Fault::AlarmHang {
-            if s.took > ALARM_TIMEOUT + ALARM_SLACK {
-                self.violations.push(format!(
-                    "the dump took {:.2} s, more than CRIU's --timeout {} s and {} ms",
-                    s.took.as_secs_f64(),
-                    ALARM_TIMEOUT.as_secs(),
-                    ALARM_SLACK.as_millis()
-                ));
-            }
-            if s.log.contains("FATAL") {
-                self.violations
-                    .push("CRIU's freeze alarm reached its FATAL path".to_owned());
-            }
-        }
-        // The foreign lock is someone else's: it must be left in place, then undone here.
-        let foreign = match (c.fault, c.target) {
-            (Fault::ForeignLock, Target::First) => Some(self.pids[0]),
-            (Fault::ForeignLock, Target::Second) => Some(self.pids[1]),
-            _ => None,
-        };
-        let mut skip = skip;
-        if let Some(p) = foreign.filter(|_| fired) {
-            if states.get(&p).map(String::as_str) != Some("locked") {
-                self.violations.push(format!(
-                    "another tool's lock of {} was not left alone ({})",
-                    self.name(p),
-                    states.get(&p).map_or("?", String::as_str)
-                ));
-            }
-            skip.push(p);
-        }
-        match (verb, s.ok) {
-            ("dump", false) => {
-                if c.fault.in_world() {
-                    self.check_error_named(&s, fired);
-                }
-                // Tasks the rollback reports it could not put back.
-                let reported: Vec<i32> = self
-                    .pids
-                    .iter()
-                    .copied()
-                    .filter(|p| {
-                        s.log.lines().any(|l| {
-                            l.contains("could not be put back") && l.contains(&p.to_string())
-                        })
-                    })
-                    .collect();
-                let mut skip2 = skip.clone();
-                skip2.extend(&reported);
-                self.check_running("after the failed dump", &states, &skip2);
-                if !reported.is_empty() {
-                    outcome.push_str(" (reported stuck)");
-                }
-            }
-            ("dump", true) => {
-                self.check_parked("after the dump", &skip);
-                for &p in &self.pids[..2] {
-                    if !skip.contains(&p) && states[&p] != "checkpointed" {
-                        self.violations.push(format!(
-                            "the dump succeeded but {} is {}",
-                            self.name(p),
-                            states[&p]
-                        ));
-                    }
-                }
-                self.configure("configure", &self.world_config(&[]))?;
-                let r = self.step("restore", 1, false)?;
-                if r.ok {
-                    let st = self.world_states()?;
-                    self.check_running("after a fault-free restore", &st, &skip);
-                } else {
-                    self.violations.push(format!(
-                        "the fault-free restore of that dump failed at {}",
-                        Self::failed_at(&r.trace)
-                    ));
-                    let _ = writeln!(self.detail, "{}", r.log);
-                }
-            }
-            ("restore", true) => {
-                let not_running: Vec<i32> = self.pids[..2]
-                    .iter()
-                    .copied()
-                    .filter(|p| !skip.contains(p) && states[p] != "running")
-                    .collect();
-                if not_running.is_empty() {
-                    self.check_running("after the restore", &states, &skip);
-                } else {
-                    // 4.1 rules: RESUME_DEVICES_LATE errors are only logged.
-                    for &p in &not_running {
-                        let logged = s.log.lines().any(|l| {
-                            l.contains("RESUME_DEVICES_LATE") && l.contains(&format!("pid {p}"))
-                        });
-                        if !logged || c.profile != "4.1" {
-                            self.violations.push(format!(
-                                "the restore succeeded but {} is {}{}",
-                                self.name(p),
-                                states[&p],
-                                if logged { "" } else { " (no error logged)" }
-                            ));
-                        }
-                    }
-                    outcome.push_str(" (logged)");
-                    let mut skip2 = skip.clone();
-                    skip2.extend(&not_running);
-                    self.check_running("after the restore", &states, &skip2);
-                }
-            }
-            _ => {
-                self.check_error_named(&s, fired);
-                self.check_parked("after the failed restore", &skip);
-                for &p in &self.pids[..2] {
-                    if !skip.contains(&p)
-                        && !["checkpointed", "locked", "running"].contains(&states[&p].as_str())
-                    {
-                        self.violations.push(format!(
-                            "after the failed restore {} is {}",
-                            self.name(p),
-                            states[&p]
-                        ));
-                    }
-                }
-                match self.recover(&skip) {
-                    Ok(()) => {
-                        let st = self.world_states()?;
-                        self.check_running("recovered after the failed restore", &st, &skip);
-                    }
-                    Err(e) => self.violations.push(format!("recovery: {e}")),
-                }
-            }
-        }
-        if let Some(p) = foreign.filter(|&p| fired && self.alive(p)) {
-            // Undo the other tool's lock, then its data must be intact.
-            self.configure("configure", &self.world_config(&[]))?;
-            run_checked(
-                Command::new(&self.art.cuda_checkpoint)
-                    .args(["--action", "unlock", "--pid", &p.to_string()])
-                    .envs(self.env.iter().map(|(k, v)| (k, v))),
-                "cuda-checkpoint --action unlock",
-            )?;
-            let i = self.pids.iter().position(|&q| q == p).unwrap_or(0);
-            for (_, verdict) in self.verify_data(&[(i, p)]) {
-                if !verdict.starts_with("PASS") {
-                    self.violations.push(format!(
-                        "{} data check after the other tool's unlock: {verdict}",
-                        TASKS[i]
-                    ));
-                }
-            }
-        }
-        self.check_leftovers();
-        if !self.violations.is_empty() {
-            let _ = writeln!(self.detail, "--- {verb} log\n{}", s.log);
-        }
-        Ok((outcome, fired))
-    }
-
-    /// Damages the image of the target task after a fault-free dump.
-    fn damage_image(&self, d: ImageDamage) -> Result<(), String> {
-        let (me, other) = match self.case.target {
-            Target::Second => (self.pids[1], self.pids[0]),
-            _ => (self.pids[0], self.pids[1]),
-        };
-        let img = self.dir.join("img");
-        let path = img.join(format!("cuda-plugin-{me}.img"));
-        let good = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let text = String::from_utf8_lossy(&good).into_owned();
-        std::fs::remove_file(&path).map_err(|e| e.to_string())?;
-        let write = |b: &[u8]| std::fs::write(&path, b).map_err(|e| e.to_string());
-        match d {
-            ImageDamage::Missing => Ok(()),
-            ImageDamage::Empty => write(b""),
-            ImageDamage::Truncated => write(&good[..good.len().saturating_sub(4)]),
-            ImageDamage::Flipped => {
-                let mut b = good.clone();
-                b[3] ^= 0x80;
-                write(&b)
-            }
-            ImageDamage::OtherPid => {
-                let o = std::fs::read(img.join(format!("cuda-plugin-{other}.img")))
-                    .map_err(|e| e.to_string())?;
-                write(&o)
-            }
-            ImageDamage::UnknownState => {
-                let line = text
-                    .lines()
-                    .find(|l| l.starts_with("initial_state "))
-                    .unwrap_or("initial_state running");
-                write(text.replace(line, "initial_state 77").as_bytes())
-            }
-            ImageDamage::Fifo => {
-                nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
-                    .map_err(|e| e.to_string())
-            }
-            ImageDamage::DevZero => {
-                std::os::unix::fs::symlink("/dev/zero", &path).map_err(|e| e.to_string())
-            }
-        }
-    }
-
-    fn cleanup(&mut self) {
-        let mut victims: Vec<i32> = self.pids.clone();
-        victims.extend(world_processes(&self.world));
-        kill_and_reap(&victims, self.root_child.take());
+    };
+    let report = crate::runner::run(&s, art, crate::runner::RunOptions::default());
+    let (outcome, fired, violations) = match (report.invariants, report.verdict) {
+        (Some(r), _) => (r.outcome, r.fired, r.violations),
+        (None, Verdict::Fail(e)) => (
+            "setup failed".to_owned(),
+            false,
+            vec![format!("setup: {}", e.lines().next().unwrap_or(""))],
+        ),
+        (None, other) => (
+            "setup failed".to_owned(),
+            false,
+            vec![format!("setup: {other:?}")],
+        ),
+    };
+    let detail = if violations.is_empty() {
+        String::new()
+    } else {
+        report.transcript
+    };
+    CaseResult {
+        case: *case,
+        outcome,
+        fired,
+        violations,
+        elapsed: start.elapsed(),
+        detail,
     }
 }
 

@@ -394,6 +394,9 @@ struct SweepArgs {
     /// Print the selected cases' keys and their number, and run none.
     #[arg(long)]
     list: bool,
+    /// Print the selected cases as scenarios (`harness run` runs a saved one), and run none.
+    #[arg(long)]
+    print: bool,
 }
 
 /// `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]`: the fault sweep.
@@ -405,12 +408,19 @@ fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
         only,
         out,
         list,
+        print,
     } = SweepArgs::parse_from(
         std::iter::once(OsString::from("harness sweep")).chain(args.iter().cloned()),
     );
     let mut cases = sweep::cases(full);
     if let Some(f) = &only {
         cases = sweep::filter(cases, f);
+    }
+    if print {
+        for c in &cases {
+            println!("# {}\n{}", c.key(), c.scenario_toml());
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     if list {
         for c in &cases {

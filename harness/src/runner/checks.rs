@@ -230,7 +230,7 @@ impl Exec<'_> {
     }
 
     /// Processes of this world other than the workload (a `cuda-checkpoint` left behind).
-    fn check_leftovers(&self) -> Result<(), String> {
+    pub(super) fn check_leftovers(&self) -> Result<(), String> {
         let Some(w) = &self.world else {
             return Ok(());
         };

@@ -44,6 +44,7 @@ use crate::scenario::{
 mod artifacts;
 mod checks;
 mod corpus;
+mod invariants;
 mod normalise;
 pub mod pool;
 mod step;
@@ -54,6 +55,7 @@ pub use corpus::{
     collect, read_snapshot, run_corpus, run_rows, run_scenario, run_work, snapshot_name, work,
     CorpusOptions, Row,
 };
+pub use invariants::InvariantReport;
 use normalise::known_lock_timeouts;
 pub(crate) use step::{guardian_pids, wait_gone};
 
@@ -103,6 +105,9 @@ pub struct Report {
     pub steps: Vec<StepRecord>,
     /// Wall time.
     pub elapsed: Duration,
+    /// For a scenario judged by `[invariants]`: the outcome, whether its fault fired, and what
+    /// did not hold.
+    pub invariants: Option<InvariantReport>,
 }
 
 /// Options of a run.
@@ -147,6 +152,7 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
             snapshot_applies: false,
             steps: Vec::new(),
             elapsed: start.elapsed(),
+            invariants: None,
         };
     }
     let mut ex = Exec {
@@ -171,6 +177,10 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
         transcript: String::new(),
         backends: Vec::new(),
         trace_offset: 0,
+        judged: None,
+        violations: Vec::new(),
+        invariants: None,
+        last_ok: false,
     };
     let tmp = tempfile::Builder::new().prefix("scenario-").tempdir();
     let result = match (&tmp, s.host.engine) {
@@ -193,6 +203,7 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
                     snapshot_applies: false,
                     steps: Vec::new(),
                     elapsed: start.elapsed(),
+                    invariants: None,
                 }
             }
         },
@@ -270,6 +281,7 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
         snapshot_applies: put.ours && !put.injects_options(s),
         steps,
         elapsed: start.elapsed(),
+        invariants: ex.invariants,
     }
 }
 
@@ -309,6 +321,14 @@ struct Exec<'a> {
     transcript: String,
     backends: Vec<String>,
     trace_offset: usize,
+    /// `[invariants]`: the judged (last) step as it ran.
+    judged: Option<invariants::Judged>,
+    /// `[invariants]`: what the judged step's own checks found.
+    violations: Vec<String>,
+    /// `[invariants]`: the report of the checks after the judged step.
+    invariants: Option<InvariantReport>,
+    /// Whether the last step that ran exited 0.
+    last_ok: bool,
 }
 
 const DEFAULT_GPU: &str = r#"
@@ -346,7 +366,10 @@ impl Exec<'_> {
             r?;
         }
         let t = Instant::now();
-        let r = self.check_end();
+        let r = match &self.s.invariants {
+            Some(inv) => self.check_invariants(inv, &lib),
+            None => self.check_end(),
+        };
         self.records.push(StepRecord {
             name: "outcome".to_owned(),
             elapsed: t.elapsed(),

@@ -94,6 +94,18 @@ impl Exec<'_> {
                     .transpose()
                     .map_err(|e| format!("step {i}: hex: {e}"))?;
                 let remove = step.action == Action::RemoveImage;
+                let source = match &step.from {
+                    Some(f) => {
+                        let f = self.image_name(f);
+                        let mut got = None;
+                        self.edit_image(&f, |b| {
+                            got.clone_from(&b);
+                            Ok(b)
+                        })?;
+                        Some(got.ok_or_else(|| format!("step {i}: there is no image `{f}`"))?)
+                    }
+                    None => None,
+                };
                 let (before, after, streamed) = self.edit_image(&name, |old| {
                     if remove {
                         return match old {
@@ -101,7 +113,14 @@ impl Exec<'_> {
                             None => Err(format!("step {i}: there is no image `{name}` to remove")),
                         };
                     }
-                    let mut data = old.unwrap_or_default();
+                    let mut data = source.or(old).unwrap_or_default();
+                    if let Some([from, to]) = &step.replace {
+                        let text = String::from_utf8_lossy(&data).into_owned();
+                        if !text.contains(from.as_str()) {
+                            return Err(format!("step {i}: `{name}` has no `{from}` to replace"));
+                        }
+                        data = text.replacen(from.as_str(), to, 1).into_bytes();
+                    }
                     match (step.offset, &bytes) {
                         (Some(at), Some(b)) => {
                             let at = usize::try_from(at).map_err(|e| e.to_string())?;
@@ -113,8 +132,14 @@ impl Exec<'_> {
                         (None, Some(b)) => data.clone_from(b),
                         (_, None) => {}
                     }
-                    if let Some(n) = step.truncate {
-                        data.truncate(usize::try_from(n).map_err(|e| e.to_string())?);
+                    match step.truncate {
+                        Some(n) if n < 0 => {
+                            let drop =
+                                usize::try_from(n.unsigned_abs()).map_err(|e| e.to_string())?;
+                            data.truncate(data.len().saturating_sub(drop));
+                        }
+                        Some(n) => data.truncate(usize::try_from(n).map_err(|e| e.to_string())?),
+                        None => {}
                     }
                     Ok(Some(data))
                 })?;
@@ -248,9 +273,27 @@ impl Exec<'_> {
         } else {
             Vec::new()
         };
-        let mut ran = self.run_step(&mut c, label, i, step, &files)?;
+        // The step `[invariants]` judge: what its own checks find is a violation among others.
+        let judged = self.s.invariants.is_some() && i + 1 == self.s.steps.len();
+        let mut ran = self.run_step(&mut c, label, i, step, &files, judged)?;
         self.record_step(i, step, &mut ran, &files);
-        self.check_step(i, step, &ran, &files, &before)
+        self.last_ok = ran.got == Outcome::Ok;
+        let checked = self.check_step(i, step, &ran, &files, &before);
+        if !judged {
+            return checked;
+        }
+        if let Err(e) = checked {
+            self.violations
+                .push(e.lines().next().unwrap_or_default().to_owned());
+        }
+        self.judged = Some(super::invariants::Judged {
+            index: i,
+            verb: crate::scenario::name(step.action),
+            ok: ran.got == Outcome::Ok,
+            log: format!("{}{}{}", ran.log_text, ran.stdout, ran.stderr),
+            trace: std::fs::read_to_string(&files.trace).unwrap_or_default(),
+        });
+        Ok(())
     }
 
     /// A `cuda-checkpoint` run on the step's task.
@@ -406,22 +449,54 @@ impl Exec<'_> {
         i: usize,
         step: &Step,
         files: &StepFiles,
+        judged: bool,
     ) -> Result<Ran, String> {
         let verb = crate::scenario::name(step.action);
         let started = Instant::now();
         let limit = step_limit(step);
-        let (status, stdout, stderr) = run_bounded(c, limit, |pid| {
-            self.procs.insert(pid, label);
-        })
+        // A `hang` fault with a file waits for the world's `release` file.
+        let release = step
+            .release_after
+            .map(Duration::from_secs_f64)
+            .zip(self.world.as_ref().map(|w| w.join("release")));
+        let released = std::cell::Cell::new(false);
+        let release_now = || {
+            if let (Some((_, f)), false) = (&release, released.get()) {
+                let _ = std::fs::write(f, "");
+                released.set(true);
+            }
+        };
+        let mut procs = Vec::new();
+        let (status, stdout, stderr) = run_bounded(
+            c,
+            limit,
+            |pid| procs.push(pid),
+            |t| {
+                if release.as_ref().is_some_and(|(at, _)| t >= *at) {
+                    release_now();
+                }
+            },
+        )
         .map_err(|e| format!("step {i} ({verb}): {e}"))?;
-        let status = status.ok_or_else(|| {
-            format!(
-                "step {i} ({verb}) did not finish within {} s\nkilled it and its process group \
-                 (log: {})",
-                limit.as_secs(),
-                files.log.display()
-            )
-        })?;
+        release_now();
+        for pid in procs {
+            self.procs.insert(pid, label);
+        }
+        let killed = format!(
+            "step {i} ({verb}) did not finish within {} s\nkilled it and its process group \
+             (log: {})",
+            limit.as_secs(),
+            files.log.display()
+        );
+        let status = match status {
+            Some(s) => s,
+            None if judged => {
+                self.violations
+                    .push(killed.lines().next().unwrap_or_default().to_owned());
+                std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL)
+            }
+            None => return Err(killed),
+        };
         let took = started.elapsed();
         let got = if status.success() {
             Outcome::Ok
@@ -567,7 +642,7 @@ impl Exec<'_> {
                 ));
             }
         }
-        if got != step.outcome() {
+        if step.outcome() != Outcome::Any && got != step.outcome() {
             let shown = |o: Outcome| if o == Outcome::Ok { "ok" } else { "failed" };
             return Err(format!(
                 "step {i} ({verb}): expected {}, got {}\n({status}, {:.1} s){}",
@@ -594,6 +669,14 @@ impl Exec<'_> {
             if !log_text.contains(want.as_str()) && !stderr.contains(want.as_str()) {
                 return Err(format!(
                     "step {i} ({verb}): log lacks `{want}`{}",
+                    context()
+                ));
+            }
+        }
+        for bad in &step.absent {
+            if log_text.contains(bad.as_str()) || stderr.contains(bad.as_str()) {
+                return Err(format!(
+                    "step {i} ({verb}): log contains `{bad}`{}",
                     context()
                 ));
             }
@@ -687,6 +770,7 @@ fn run_bounded(
     c: &mut Command,
     limit: Duration,
     on_spawn: impl FnOnce(i32),
+    mut tick: impl FnMut(Duration),
 ) -> Result<(Option<std::process::ExitStatus>, String, String), String> {
     use std::os::unix::process::CommandExt;
     c.stdin(Stdio::null())
@@ -712,6 +796,7 @@ fn run_bounded(
         if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
             break Some(st);
         }
+        tick(start.elapsed());
         if start.elapsed() >= limit {
             let _ = nix::sys::signal::killpg(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             let _ = child.wait();
@@ -852,8 +937,13 @@ mod tests {
         ));
         let start = Instant::now();
         let mut seen = None;
-        let (status, _, _) =
-            run_bounded(&mut c, Duration::from_millis(300), |p| seen = Some(p)).unwrap();
+        let (status, _, _) = run_bounded(
+            &mut c,
+            Duration::from_millis(300),
+            |p| seen = Some(p),
+            |_| {},
+        )
+        .unwrap();
         assert!(status.is_none(), "reported as not finished");
         assert!(seen.is_some());
         assert!(start.elapsed() < Duration::from_secs(10), "bounded");
@@ -876,7 +966,8 @@ mod tests {
         // A step that ends in time reports its status and output.
         let mut c = Command::new("/bin/sh");
         c.arg("-c").arg("echo out; echo err >&2; exit 3");
-        let (status, out, err) = run_bounded(&mut c, Duration::from_secs(20), |_| {}).unwrap();
+        let (status, out, err) =
+            run_bounded(&mut c, Duration::from_secs(20), |_| {}, |_| {}).unwrap();
         assert_eq!(status.and_then(|s| s.code()), Some(3));
         assert_eq!((out.trim(), err.trim()), ("out", "err"));
     }
