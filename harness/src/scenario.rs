@@ -1564,16 +1564,24 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
     #[test]
     fn parallel_mode_needs_the_parallel_capability() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cuda/parallel");
-        let name = "batch-of-8-dumps-and-restores-driver-api.toml";
+        let name = "batch-of-8-dumps-and-restores.toml";
         let text = std::fs::read_to_string(dir.join(name)).unwrap();
-        let need = Scenario::parse(name, &text).unwrap().requirements();
+        let variant = |text: &str| {
+            Scenario::parse_variants(name, text)
+                .unwrap()
+                .into_iter()
+                .find(|(v, _)| v.suffix() == "emulated-pr3076,driver-api")
+                .unwrap()
+                .1
+        };
+        let need = variant(&text).requirements();
         assert_eq!(
             need.get(&Capability::Parallel).map(String::as_str),
             Some("sets cuda_plugin.parallel=auto")
         );
         assert!(need.contains_key(&Capability::PluginOptions));
         let one = text.replace("parallel=auto", "parallel=1");
-        let need = Scenario::parse(name, &one).unwrap().requirements();
+        let need = variant(&one).requirements();
         assert!(!need.contains_key(&Capability::Parallel), "one at a time");
     }
 
