@@ -171,6 +171,27 @@ impl Case {
     /// as that user with `--unprivileged` and CAP_CHECKPOINT_RESTORE as its only capability.
     fn unprivileged(&mut self) -> R {
         self.unprivileged = true;
+        // What the unprivileged user runs must be where it can reach it, wherever the checkout
+        // is (a clone in root's home, mode 0700, is not): CRIU (its wrapper and libraries) and
+        // the utility the plugin runs; the workload program is staged in `spawn_tree`.
+        let criu_dir = self
+            .criu
+            .path
+            .parent()
+            .ok_or("the CRIU wrapper has no directory")?;
+        let staged =
+            testkit::stage::for_others_only(criu_dir, Some(&["criu", "usr", "lib", "etc"]))?;
+        self.criu.path = staged.join(
+            self.criu
+                .path
+                .file_name()
+                .ok_or("the CRIU wrapper has no file name")?,
+        );
+        let a = artifacts().as_ref().map_err(Clone::clone)?;
+        let cc = self.bindir.join("cuda-checkpoint");
+        std::fs::remove_file(&cc).map_err(|e| format!("{}: {e}", cc.display()))?;
+        std::os::unix::fs::symlink(testkit::stage::for_others(&a.cuda_checkpoint)?, &cc)
+            .map_err(|e| format!("linking cuda-checkpoint: {e}"))?;
         self.give_away(&self.path)
     }
 
@@ -227,7 +248,12 @@ impl Case {
         // Unprivileged, the tree sets no_new_privs: CRIU's restorer may then leave capabilities
         // in the bounding set it cannot drop without CAP_SETPCAP (criu/pie/restorer.c, "trim
         // bset"); a container's tasks usually have it set (seccomp needs it).
-        let mut cmd = self.command(&a.mock_app, &["--no-new-privs"]);
+        let app = if self.unprivileged {
+            testkit::stage::for_others(&a.mock_app)?
+        } else {
+            a.mock_app.clone()
+        };
+        let mut cmd = self.command(&app, &["--no-new-privs"]);
         cmd.args(args)
             .arg("--report")
             .arg(&self.report)

@@ -7,12 +7,14 @@
 //! - [`criu`]: the plugin's real-CRIU tests and benchmarks (CRIU binaries, worlds, logs);
 //! - [`wait`]: the one "poll a condition until a deadline" helper;
 //! - [`proc`]: signals and `/proc/<pid>` (threads, states, tracers, environments);
+//! - [`stage`]: programs another user must run, staged where that user can reach them;
 //! - [`world`]: mock-world fixtures (GPUs, config text, the environment of a child);
 //! - [`read`]: a file's text, or "" when it cannot be read.
 
 pub mod artifacts;
 pub mod criu;
 pub mod proc;
+pub mod stage;
 pub mod wait;
 pub mod world;
 
