@@ -53,9 +53,10 @@ use nix::unistd::Pid;
 use crate::runner::Artifacts;
 use crate::scenario::Namespace;
 use crate::workload::{
-    cuda_state_name, host_pid_in, kill_and_reap, mock_env, run_checked, spawn_root, tree_root,
-    verify_data, wait_ready,
+    host_pid_in, kill_and_reap, mock_env, run_checked, spawn_root, tree_root, verify_data,
+    wait_ready,
 };
+use mock_cuda_world::client::MockWorld;
 
 /// The longest a faulted step may take before it counts as a hang (and is killed).
 pub const STEP_LIMIT: Duration = Duration::from_secs(20);
@@ -778,19 +779,15 @@ impl Run<'_> {
     fn configure(&self, verb: &str, text: &str) -> Result<(), String> {
         let cfg = self.dir.join(format!("world-{verb}.toml"));
         std::fs::write(&cfg, text).map_err(|e| e.to_string())?;
-        run_checked(
-            Command::new(&self.art.mock_world)
-                .arg(verb)
-                .arg(&self.world)
-                .arg("--config")
-                .arg(&cfg)
-                .arg("--lib")
-                .arg(&self.art.mock_lib)
-                .arg("--nvml-lib")
-                .arg(&self.art.mock_nvml),
-            &format!("mock-world {verb}"),
-        )
-        .map(drop)
+        let (lib, nvml) = (&self.art.mock_lib, &self.art.mock_nvml);
+        let done = if verb == "init" {
+            MockWorld::init(&self.world, text, lib, Some(nvml)).map(drop)
+        } else {
+            MockWorld::open(&self.world)
+                .map(|w| w.with_libs(Some(lib), Some(nvml)))
+                .and_then(|w| w.configure(text))
+        };
+        done.map_err(|e| e.to_string())
     }
 
     fn setup(&mut self) -> Result<(), String> {
@@ -1029,19 +1026,12 @@ impl Run<'_> {
     }
 
     fn world_states(&self) -> Result<BTreeMap<i32, String>, String> {
-        let out = run_checked(
-            Command::new(&self.art.mock_world)
-                .arg("status")
-                .arg(&self.world)
-                .arg("--json"),
-            "mock-world status",
-        )?;
-        let st: serde_json::Value =
-            serde_json::from_str(&out).map_err(|e| format!("mock-world status --json: {e}"))?;
+        let st = MockWorld::open(&self.world)
+            .and_then(|w| w.status())
+            .map_err(|e| e.to_string())?;
         let mut m = BTreeMap::new();
         for &pid in &self.pids {
-            let e = &st["processes"][pid.to_string()];
-            m.insert(pid, cuda_state_name(e).to_owned());
+            m.insert(pid, st.state_of(pid).name().to_owned());
         }
         Ok(m)
     }
@@ -1050,15 +1040,9 @@ impl Run<'_> {
         if !self.case.fault.in_world() {
             return true;
         }
-        let Ok(text) = std::fs::read_to_string(self.world.join("state.json")) else {
-            return false;
-        };
-        let Ok(st) = serde_json::from_str::<serde_json::Value>(&text) else {
-            return false;
-        };
-        st["fault_counts"]["0"]
-            .as_u64()
-            .is_some_and(|n| n >= u64::from(self.case.nth()))
+        MockWorld::open(&self.world)
+            .and_then(|w| w.fault_count(0))
+            .is_ok_and(|n| n >= u64::from(self.case.nth()))
     }
 
     fn alive(&self, pid: i32) -> bool {
