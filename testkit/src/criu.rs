@@ -74,7 +74,6 @@ pub struct Artifacts {
     pub mock_so: PathBuf,
     /// The NVML stand-in, when it was built (a world made without it has no NVML).
     pub mock_nvml: Option<PathBuf>,
-    pub mock_world: PathBuf,
     pub mock_app: PathBuf,
     pub cuda_checkpoint: PathBuf,
 }
@@ -90,8 +89,7 @@ fn locate_or_build() -> R<Artifacts> {
     let ws = workspace();
     let plugins = layout.both("libcuda_plugin.so");
     let mocks = layout.both("libmock_libcuda.so");
-    let programs =
-        ["mock-world", "mock-cuda-app", "cuda-checkpoint"].map(|p| layout.profile_dir.join(p));
+    let programs = ["mock-cuda-app", "cuda-checkpoint"].map(|p| layout.profile_dir.join(p));
     let sources = [
         "abi/src",
         "abi/Cargo.toml",
@@ -155,9 +153,8 @@ fn locate_or_build() -> R<Artifacts> {
             .ok_or("libmock_libcuda.so was not built")?
             .1,
         mock_nvml: newest_of(&layout.both("libmock_nvml.so")).map(|(_, p)| p),
-        mock_world: programs[0].clone(),
-        mock_app: programs[1].clone(),
-        cuda_checkpoint: programs[2].clone(),
+        mock_app: programs[0].clone(),
+        cuda_checkpoint: programs[1].clone(),
     })
 }
 
