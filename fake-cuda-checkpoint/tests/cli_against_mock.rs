@@ -220,18 +220,18 @@ fn state_changes_are_seen_across_processes_both_ways() {
     let lock = w.cli(&["--action", "lock", "--pid", &p]);
     assert_eq!(lock.code(), 0, "{lock:?}");
     assert_eq!(w.probe(&["getstate", &p]), "result=0 state=1");
-    assert_eq!(w.status_state(app).as_deref(), Some("locked"));
+    assert_eq!(w.status_state(app), Some(CudaState::Locked));
     let ckpt = w.cli(&["--action", "checkpoint", "--pid", &p]);
     assert_eq!(ckpt.code(), 0, "{ckpt:?}");
     assert_eq!(w.probe(&["getstate", &p]), "result=0 state=2");
-    assert_eq!(w.status_state(app).as_deref(), Some("checkpointed"));
+    assert_eq!(w.status_state(app), Some(CudaState::Checkpointed));
 
     // API -> CLI.
     assert_eq!(w.probe(&["restore", &p]), "result=0");
     assert_eq!(w.cli_state(app), "locked");
     assert_eq!(w.probe(&["unlock", &p]), "result=0");
     assert_eq!(w.cli_state(app), "running");
-    assert_eq!(w.status_state(app).as_deref(), Some("running"));
+    assert_eq!(w.status_state(app), Some(CudaState::Running));
     // Both sides name the same restore thread.
     let tid = w.cli_ok(&["--get-restore-tid", "--pid", &p]);
     assert_eq!(
@@ -314,13 +314,13 @@ fn toggle_round_trip_keeps_gpu_data() {
     let mut w = World::new(&config(550, "", false, ""));
     let app = w.spawn_app(&["--gpus", "0,1", "--kib", "64", "--threads", "2"]);
     let p = app.to_string();
-    assert_eq!(w.status_state(app).as_deref(), Some("running"));
+    assert_eq!(w.status_state(app), Some(CudaState::Running));
     w.cli_ok(&["--toggle", "--pid", &p]);
-    assert_eq!(w.status_state(app).as_deref(), Some("checkpointed"));
+    assert_eq!(w.status_state(app), Some(CudaState::Checkpointed));
     let devmem = std::fs::read_dir(w.dir().join("devmem")).unwrap().count();
     assert_eq!(devmem, 0, "checkpointed memory lives in the process");
     w.cli_ok(&["--toggle", "--pid", &p]);
-    assert_eq!(w.status_state(app).as_deref(), Some("running"));
+    assert_eq!(w.status_state(app), Some(CudaState::Running));
     let line = w.verify(0, app);
     assert!(line.starts_with("PASS"), "{line}");
     assert!(line.ends_with(&format!("gpus={GPU0},{GPU1}")), "{line}");

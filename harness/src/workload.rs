@@ -231,18 +231,6 @@ pub(crate) fn verify_data(dir: &Path, tasks: &[(usize, i32)]) -> Vec<String> {
         .collect()
 }
 
-/// The name of a CUDA process state in `mock-world status --json` (`none`: not a CUDA process).
-pub(crate) fn cuda_state_name(entry: &serde_json::Value) -> &'static str {
-    match entry["state"].as_u64() {
-        None => "none",
-        Some(0) => "running",
-        Some(1) => "locked",
-        Some(2) => "checkpointed",
-        Some(3) => "failed",
-        Some(_) => "other",
-    }
-}
-
 /// SIGKILLs `victims` and the tree's root `root`, then waits (5 s in all) until each victim is
 /// gone or a zombie, reaping those that are our children (orphans reparented to this
 /// subreaper included).

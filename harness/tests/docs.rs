@@ -86,6 +86,7 @@ use testkit::proc::exists;
 
 use harness::runner::{self, Artifacts};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use mock_cuda_world::client::{CudaState, MockWorld};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -1480,7 +1481,6 @@ fn report_field<'t>(line: &'t str, key: &str) -> Option<&'t str> {
 /// The epilogue of `released`/`upstream`: the tree restored, running, with its data, through
 /// the backends and onto the GPUs the block asked for.
 fn check_cuda_tree(run: &BlockRun<'_>) -> R<String> {
-    let s = run.s;
     let pid: i32 = read(&run.file("pid"))
         .trim()
         .parse()
@@ -1519,20 +1519,18 @@ fn check_cuda_tree(run: &BlockRun<'_>) -> R<String> {
 
     // RUNNING in the world.
     let world = run.file("world");
-    let out = Command::new(&s.art.mock_world)
-        .arg("status")
-        .arg(&world)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("mock-world status: {e}"))?;
-    let status = String::from_utf8_lossy(&out.stdout).into_owned();
-    let state = status.lines().skip(1).find_map(|l| {
-        let mut cols = l.split_whitespace();
-        (cols.next()? == pid.to_string()).then(|| cols.nth(1).map(str::to_owned))?
-    });
+    let status = MockWorld::open(&world)
+        .and_then(|w| w.status())
+        .map_err(|e| e.to_string())?;
+    let state = status
+        .processes
+        .iter()
+        .find(|p| p.host_pid() == Some(pid))
+        .map(|p| p.state().name());
     ensure!(
-        state.as_deref() == Some("running"),
-        "pid {pid} is {state:?} in the mock world, not running:\n{status}"
+        state == Some("running"),
+        "pid {pid} is {state:?} in the mock world, not running:\n{}",
+        status.table()
     );
 
     // The data check, on the GPUs the map names.
@@ -1680,7 +1678,6 @@ fn check_cuda_tree(run: &BlockRun<'_>) -> R<String> {
 /// The epilogue of `mock-world`: the workloads the block left run, with their data, and its
 /// `cuda-checkpoint` commands succeeded.
 fn check_mock_world(run: &BlockRun<'_>) -> R<String> {
-    let s = run.s;
     let ns = run.ns.as_deref().ok_or("the namespace is unknown")?;
     let procs = ns_procs(ns);
     ensure!(
@@ -1699,17 +1696,18 @@ fn check_mock_world(run: &BlockRun<'_>) -> R<String> {
             .ok_or_else(|| format!("pid {p} has no MOCK_CUDA_WORLD"))?;
         // The world is on the namespace's /tmp: seen through the process's root.
         let outside = PathBuf::from(format!("/proc/{p}/root")).join(world.trim_start_matches('/'));
-        let out = Command::new(&s.art.mock_world)
-            .arg("status")
-            .arg(&outside)
-            .output()
+        let status = MockWorld::open(&outside)
+            .and_then(|w| w.status())
             .map_err(|e| e.to_string())?;
-        let status = String::from_utf8_lossy(&out.stdout).into_owned();
-        let running = status.lines().skip(1).any(|l| {
-            let c: Vec<&str> = l.split_whitespace().collect();
-            c.first() == Some(&p.to_string().as_str()) && c.get(2) == Some(&"running")
-        });
-        ensure!(running, "pid {p} is not RUNNING in its world:\n{status}");
+        let running = status
+            .processes
+            .iter()
+            .any(|q| q.host_pid() == Some(p) && q.state() == CudaState::Running);
+        ensure!(
+            running,
+            "pid {p} is not RUNNING in its world:\n{}",
+            status.table()
+        );
         let stdout = PathBuf::from(format!("/proc/{p}/fd/1"));
         let before = read(&stdout).lines().count();
         ensure!(

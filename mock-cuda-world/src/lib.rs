@@ -14,12 +14,16 @@
 //! <world>/transfers/        checkpoints and restores in progress            -> transfers.rs
 //! ```
 //!
+//! Tools and tests create, reconfigure and inspect a world through [`client::MockWorld`] (the
+//! `mock-world` program is its command line).
+//!
 //! A CUDA process is filed under its **world id**, and known by its namespace identity and
 //! host pid (module [`pidns`]): a process in a container is found by its host pid, and a
 //! process CRIU restored into new namespaces is still the same process of the world.
 
 #![deny(unsafe_code)]
 
+pub mod client;
 pub mod config;
 pub mod elf;
 pub mod faults;

@@ -17,6 +17,7 @@ use abi::CUprocessState;
 use common::*;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use mock_libcuda::driver::{self, RealDriver};
+use mock_libcuda::world::client::{CudaState, MockWorld, Presence};
 use mock_libcuda::world::pidns::{self, NsIdentity};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -264,12 +265,21 @@ fn containers_are_found_by_their_host_pids() -> R {
     let own = format!("1@pid:[{ns_a}] mock-cuda-app cuMemAlloc(");
     ensure!(trace.contains(&own), "no {own:?} in\n{trace}");
 
-    // `mock-world status` shows the host pid and the namespace pid.
-    let out = Command::new(env!("CARGO_BIN_EXE_mock-world"))
-        .arg("status")
-        .arg(w.path())
-        .output()?;
-    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    // The status (what `mock-world status` prints) shows the host pid and the namespace pid.
+    let st = MockWorld::open(w.path())?.status()?;
+    let p = st
+        .process(ha)
+        .ok_or_else(|| format!("no process {ha}:\n{}", st.table()))?;
+    ensure!(
+        p.state() == CudaState::Running
+            && p.present == Presence::Here
+            && p.host_pid() == Some(ha)
+            && p.entry.nspid == 1
+            && p.entry.pid_ns == ns_a
+            && p.restore_tid_here().is_some(),
+        "{p:?}"
+    );
+    let status = st.table();
     let row = status
         .lines()
         .find(|l| l.split_whitespace().next() == Some(&h))

@@ -208,22 +208,7 @@ fn run_sample(criu: &Path, job: &Job, keep: bool) -> R<Sample> {
         a.plugin_so.clone()
     };
     std::fs::copy(&so, lib.join("cuda_plugin.so")).map_err(|e| e.to_string())?;
-    let cfg = p.join("world.toml");
-    std::fs::write(&cfg, world_config(job)).map_err(|e| e.to_string())?;
-    let out = Command::new(&a.mock_world)
-        .arg("init")
-        .arg(&world)
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--lib")
-        .arg(&a.mock_so)
-        .output()
-        .map_err(|e| e.to_string())?;
-    ensure!(
-        out.status.success(),
-        "mock-world init: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    init_world(a, &world, &world_config(job))?;
     let bin = a.cuda_checkpoint.parent().unwrap_or(Path::new("/"));
     let env = |c: &mut Command| {
         let path = format!(

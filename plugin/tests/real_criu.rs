@@ -125,23 +125,7 @@ impl Case {
             .map_err(|e| format!("copying {}: {e}", a.plugin_so.display()))?;
         std::os::unix::fs::symlink(&a.cuda_checkpoint, bindir.join("cuda-checkpoint"))
             .map_err(|e| format!("linking cuda-checkpoint: {e}"))?;
-        let cfg = dir.path().join("world.toml");
-        std::fs::write(&cfg, world_config(faults)).map_err(|e| format!("world.toml: {e}"))?;
-        let out = Command::new(&a.mock_world)
-            .arg("init")
-            .arg(&world)
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--lib")
-            .arg(&a.mock_so)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("running mock-world: {e}"))?;
-        ensure!(
-            out.status.success(),
-            "mock-world init failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        init_world(a, &world, &world_config(faults))?;
         let options = format!("cuda_plugin.backend={backend} {extra_options}")
             .trim()
             .to_owned();
@@ -423,12 +407,14 @@ impl Case {
         for &pid in &self.pids {
             check_free_running(pid)?;
         }
-        let a = artifacts().as_ref().map_err(Clone::clone)?;
-        let states = world_states(&a.mock_world, &self.world)?;
+        let states = world_states(&self.world)?;
         for &pid in &self.cuda {
-            let st = states.iter().find(|(p, _)| *p == pid).map(|(_, s)| s);
+            let st = states
+                .iter()
+                .find(|(p, _)| *p == pid)
+                .map(|(_, s)| s.name());
             ensure!(
-                st.map(String::as_str) == Some("running"),
+                st == Some("running"),
                 "pid {pid} is {st:?} in the mock world, not running"
             );
         }

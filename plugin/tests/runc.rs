@@ -184,23 +184,7 @@ impl Container {
             ),
         )?;
         // The mock world, shared with the container at the same path.
-        let cfg = c.path.join("world.toml");
-        write(&cfg, &world_config(faults))?;
-        let out = Command::new(&a.mock_world)
-            .arg("init")
-            .arg(&c.world)
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--lib")
-            .arg(&a.mock_so)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("running mock-world: {e}"))?;
-        ensure!(
-            out.status.success(),
-            "mock-world init failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        init_world(a, &c.world, &world_config(faults))?;
         c.write_bundle(&a.mock_app)?;
         Ok(c)
     }
@@ -372,26 +356,15 @@ impl Container {
 
     /// The world's processes that are alive (a restore thread seen from here): `(host pid,
     /// state)`.
-    fn live_cuda_states(&self) -> R<Vec<(String, String)>> {
-        let a = artifacts().as_ref().map_err(Clone::clone)?;
-        let out = Command::new(&a.mock_world)
-            .arg("status")
-            .arg(&self.world)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("running mock-world status: {e}"))?;
-        ensure!(
-            out.status.success(),
-            "mock-world status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .skip(1)
-            .filter_map(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                (cols.len() > 2 && cols[1] != "-").then(|| (cols[0].to_owned(), cols[2].to_owned()))
-            })
+    fn live_cuda_states(&self) -> R<Vec<(i32, &'static str)>> {
+        let st = MockWorld::open(&self.world)
+            .and_then(|w| w.status())
+            .map_err(|e| e.to_string())?;
+        Ok(st
+            .processes
+            .iter()
+            .filter(|p| p.restore_tid_here().is_some())
+            .filter_map(|p| Some((p.host_pid()?, p.state().name())))
             .collect())
     }
 
@@ -400,7 +373,7 @@ impl Container {
         let check = || -> R {
             let live = self.live_cuda_states()?;
             ensure!(
-                live.len() == 2 && live.iter().all(|(_, s)| s == want),
+                live.len() == 2 && live.iter().all(|(_, s)| *s == want),
                 "expected the 2 CUDA tasks {want} in the mock world, found (host pid, state) {live:?}"
             );
             Ok(())
@@ -581,10 +554,9 @@ fn checkpoint_restore(c: &mut Container) -> R<String> {
     );
     // The tasks are gone; the world keeps what CRIU's plugin left: both checkpointed. (A
     // process that no longer exists has no restore thread, so read the world's records.)
-    let a = artifacts().as_ref().map_err(Clone::clone)?;
-    let states = world_states(&a.mock_world, &c.world)?;
+    let states = world_states(&c.world)?;
     ensure!(
-        states.len() == 2 && states.iter().all(|(_, s)| s == "checkpointed"),
+        states.len() == 2 && states.iter().all(|(_, s)| *s == CudaState::Checkpointed),
         "after the checkpoint the world should hold 2 checkpointed tasks: {states:?}"
     );
     let (log, restore_ms) = c.restore()?;

@@ -43,10 +43,11 @@ pub use crate::proc::{
 };
 pub use crate::read;
 pub use crate::wait::wait_until;
+pub use crate::world::{CudaState, MockWorld};
 use std::ffi::c_int;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -71,7 +72,8 @@ macro_rules! ensure {
 pub struct Artifacts {
     pub plugin_so: PathBuf,
     pub mock_so: PathBuf,
-    pub mock_world: PathBuf,
+    /// The NVML stand-in, when it was built (a world made without it has no NVML).
+    pub mock_nvml: Option<PathBuf>,
     pub mock_app: PathBuf,
     pub cuda_checkpoint: PathBuf,
 }
@@ -87,8 +89,7 @@ fn locate_or_build() -> R<Artifacts> {
     let ws = workspace();
     let plugins = layout.both("libcuda_plugin.so");
     let mocks = layout.both("libmock_libcuda.so");
-    let programs =
-        ["mock-world", "mock-cuda-app", "cuda-checkpoint"].map(|p| layout.profile_dir.join(p));
+    let programs = ["mock-cuda-app", "cuda-checkpoint"].map(|p| layout.profile_dir.join(p));
     let sources = [
         "abi/src",
         "abi/Cargo.toml",
@@ -151,9 +152,9 @@ fn locate_or_build() -> R<Artifacts> {
         mock_so: newest_of(&mocks)
             .ok_or("libmock_libcuda.so was not built")?
             .1,
-        mock_world: programs[0].clone(),
-        mock_app: programs[1].clone(),
-        cuda_checkpoint: programs[2].clone(),
+        mock_nvml: newest_of(&layout.both("libmock_nvml.so")).map(|(_, p)| p),
+        mock_app: programs[0].clone(),
+        cuda_checkpoint: programs[1].clone(),
     })
 }
 
@@ -324,29 +325,23 @@ pub fn cli_runs(trace: &str) -> usize {
         .count()
 }
 
-/// The CUDA state of each process in the world, from `mock-world status`.
-pub fn world_states(mock_world: &Path, world: &Path) -> R<Vec<(i32, String)>> {
-    let out = Command::new(mock_world)
-        .arg("status")
-        .arg(world)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running mock-world status: {e}"))?;
-    ensure!(
-        out.status.success(),
-        "mock-world status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let mut cols = l.split_whitespace();
-            let pid = cols.next()?.parse().ok()?;
-            let state = cols.nth(1)?.to_owned();
-            Some((pid, state))
-        })
+/// The CUDA state of each process of the world whose host pid is known, in world-id order
+/// (the rows of `mock-world status`: a pid reused after a process died has two).
+pub fn world_states(world: &Path) -> R<Vec<(i32, CudaState)>> {
+    let st = MockWorld::open(world)
+        .and_then(|w| w.status())
+        .map_err(|e| e.to_string())?;
+    Ok(st
+        .processes
+        .iter()
+        .filter_map(|p| Some((p.host_pid()?, p.state())))
         .collect())
+}
+
+/// Creates the world `world` from `config` (TOML) with the built mock library and NVML
+/// stand-in (none when it was not built, as `mock-world init` does).
+pub fn init_world(a: &Artifacts, world: &Path, config: &str) -> R<MockWorld> {
+    MockWorld::init(world, config, &a.mock_so, a.mock_nvml.as_deref()).map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::process::Command;
 
+pub use mock_cuda_world::client::{CudaState, MockWorld};
+
 /// The three GPUs of the test worlds (two of one chip, one of another).
 pub const GPU0: &str = "GPU-00000000-0000-4000-8000-000000000000";
 /// The second H100.

@@ -2,13 +2,15 @@
 //!
 //! # Where the mock comes from
 //!
-//! The mock driver (`libmock_libcuda.so`), `mock-world` and `mock-cuda-app` belong to the
-//! `mock-libcuda` package, which this package does not depend on (the utility must not know the
-//! mock). They are taken from the target directory this test binary was built in:
+//! The mock driver (`libmock_libcuda.so`) and `mock-cuda-app` belong to the `mock-libcuda`
+//! package, which this package does not depend on (the utility must not know the mock). They
+//! are taken from the target directory this test binary was built in:
 //! `std::env::current_exe()` is `<target>/<profile>/deps/<test>-<hash>`, the library is
 //! `<target>/<profile>/deps/libmock_libcuda.so` (`cargo test` refreshes `deps/` but not the
-//! copy in `<profile>/`; the newer of the two is used, as `mock-world` itself does) and the two
-//! programs are `<target>/<profile>/mock-world` and `<target>/<profile>/mock-cuda-app`.
+//! copy in `<profile>/`; the newer of the two is used, as `mock-world` itself does; the NVML
+//! stand-in `libmock_nvml.so` likewise, when it was built) and the program is
+//! `<target>/<profile>/mock-cuda-app`. The tests make and read their worlds in-process, with
+//! `mock_cuda_world::client` (through `testkit`, a dev-dependency only).
 //!
 //! Once per test process ([`OnceLock`]) they are checked, and when one is missing or older than
 //! the mock's sources (`mock-libcuda/src`, `abi/src`, their manifests, `Cargo.lock`) — as after
@@ -37,14 +39,15 @@ pub use testkit::proc::{signal, stat_state, SIGABRT, SIGCONT, SIGSEGV, SIGSTOP, 
 pub use testkit::read;
 pub use testkit::wait::wait_for;
 use testkit::world;
-pub use testkit::world::{GPU0, GPU1, GPU2};
+pub use testkit::world::{CudaState, MockWorld, GPU0, GPU1, GPU2};
 
 /// The built artifacts the tests run.
 #[derive(Debug)]
 pub struct Artifacts {
     pub cuda_checkpoint: PathBuf,
     pub mock_so: PathBuf,
-    pub mock_world: PathBuf,
+    /// The NVML stand-in, when it was built (the world has NVML only then).
+    pub mock_nvml: Option<PathBuf>,
     pub mock_app: PathBuf,
     pub api_probe: PathBuf,
 }
@@ -59,7 +62,6 @@ fn locate_or_build() -> Artifacts {
     let (layout, prebuilt) = Layout::for_tests().expect("locating the target directory");
     let ws = workspace();
     let libs = layout.both("libmock_libcuda.so");
-    let mock_world = layout.profile_dir.join("mock-world");
     let mock_app = layout.profile_dir.join("mock-cuda-app");
     let sources = [
         "mock-libcuda/src",
@@ -70,12 +72,7 @@ fn locate_or_build() -> Artifacts {
     ]
     .map(|s| ws.join(s));
     let newest_lib = newest_of(&libs).map(|(t, _)| t);
-    if !prebuilt
-        && !fresh(
-            &[newest_lib, mtime(&mock_world), mtime(&mock_app)],
-            &sources,
-        )
-    {
+    if !prebuilt && !fresh(&[newest_lib, mtime(&mock_app)], &sources) {
         layout
             .cargo_build(&ws, &["-p", "mock-libcuda", "--lib", "--bins"])
             .unwrap_or_else(|e| panic!("building mock-libcuda: {e}"));
@@ -83,13 +80,11 @@ fn locate_or_build() -> Artifacts {
     let mock_so = newest_of(&libs)
         .map(|(_, l)| l)
         .expect("libmock_libcuda.so was built");
-    for p in [&mock_world, &mock_app] {
-        assert!(p.exists(), "{} was built", p.display());
-    }
+    assert!(mock_app.exists(), "{} was built", mock_app.display());
     Artifacts {
         cuda_checkpoint: PathBuf::from(env!("CARGO_BIN_EXE_cuda-checkpoint")),
         mock_so,
-        mock_world,
+        mock_nvml: newest_of(&layout.both("libmock_nvml.so")).map(|(_, l)| l),
         mock_app,
         api_probe: build_probe(&layout.profile_dir.join("fake-cuda-checkpoint-tests")),
     }
@@ -182,7 +177,8 @@ fn run_to_end(mut cmd: Command) -> Run {
     }
 }
 
-/// A world in a temporary directory, created by `mock-world init`, and the workloads in it.
+/// A world in a temporary directory, created as `mock-world init` creates one, and the
+/// workloads in it.
 #[derive(Debug)]
 pub struct World {
     tmp: tempfile::TempDir,
@@ -194,22 +190,14 @@ impl World {
     pub fn new(config_text: &str) -> World {
         let a = artifacts();
         let tmp = tempfile::tempdir().expect("a temporary directory");
-        let cfg = tmp.path().join("config.toml");
-        std::fs::write(&cfg, config_text).expect("writing the config");
-        let out = Command::new(&a.mock_world)
-            .arg("init")
-            .arg(tmp.path().join("world"))
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--lib")
-            .arg(&a.mock_so)
-            .output()
-            .expect("running mock-world");
-        assert!(
-            out.status.success(),
-            "mock-world init failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if let Err(e) = MockWorld::init(
+            tmp.path().join("world"),
+            config_text,
+            &a.mock_so,
+            a.mock_nvml.as_deref(),
+        ) {
+            panic!("{e}");
+        }
         World {
             tmp,
             apps: Vec::new(),
@@ -267,18 +255,15 @@ impl World {
         r.stdout.trim().to_owned()
     }
 
-    /// The state of `pid` in the world's state file, as `mock-world status` prints it.
-    pub fn status_state(&self, pid: i32) -> Option<String> {
-        let out = Command::new(&artifacts().mock_world)
-            .arg("status")
-            .arg(self.dir())
-            .output()
-            .expect("running mock-world status");
-        assert!(out.status.success(), "mock-world status: {out:?}");
-        String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
-            let mut cols = l.split_whitespace();
-            (cols.next()? == pid.to_string()).then(|| cols.nth(1).map(str::to_owned))?
-        })
+    /// The state of `pid` in the world's status (`None` when the world does not know it).
+    pub fn status_state(&self, pid: i32) -> Option<CudaState> {
+        let st = MockWorld::open(self.dir())
+            .and_then(|w| w.status())
+            .unwrap_or_else(|e| panic!("{e}"));
+        st.processes
+            .iter()
+            .find(|p| p.host_pid() == Some(pid))
+            .map(|p| p.state())
     }
 
     /// Starts `mock-cuda-app args…` in this world, waits for READY; returns its pid.

@@ -83,8 +83,7 @@ impl Exec<'_> {
             let st = self.world_status()?;
             for (name, want) in &s.expect.cuda_state {
                 let pid = self.pids[name];
-                let e = &st["processes"][pid.to_string()];
-                let got = cuda_state_name(e);
+                let got = st.state_of(pid).name();
                 if got != want {
                     return Err(format!(
                         "task {name}: CUDA state {got}, expected {want}\n{}",
@@ -102,7 +101,7 @@ impl Exec<'_> {
                     continue;
                 }
                 let pid = self.pids[&t.name];
-                let got = cuda_state_name(&st["processes"][pid.to_string()]);
+                let got = st.state_of(pid).name();
                 if !["running", "none"].contains(&got) {
                     return Err(format!(
                         "task {}: CUDA state {got}, expected running (nothing may be left {got})\n{}",

@@ -240,13 +240,9 @@ impl Exec<'_> {
             .and_then(toml::Value::as_integer)
             .unwrap_or(1);
         let Some(w) = &self.world else { return false };
-        let Ok(text) = std::fs::read_to_string(w.join("state.json")) else {
-            return false;
-        };
-        let Ok(st) = serde_json::from_str::<serde_json::Value>(&text) else {
-            return false;
-        };
-        st["fault_counts"]["0"].as_i64().is_some_and(|n| n >= nth)
+        mock_cuda_world::client::MockWorld::open(w)
+            .and_then(|m| m.fault_count(0))
+            .is_ok_and(|n| i64::try_from(n).is_ok_and(|n| n >= nth))
     }
 
     /// The CUDA state of every task, by host pid.
@@ -255,12 +251,7 @@ impl Exec<'_> {
         Ok(self
             .pids
             .values()
-            .map(|&p| {
-                (
-                    p,
-                    cuda_state_name(&st["processes"][p.to_string()]).to_owned(),
-                )
-            })
+            .map(|&p| (p, st.state_of(p).name().to_owned()))
             .collect())
     }
 

@@ -21,9 +21,10 @@
 
 use crate::procfs::{comm, field, parked, state, thread_count, world_processes};
 use crate::workload::{
-    cuda_state_name, host_pid_in, kill_and_reap, mock_env, run_checked, spawn_root, tree_root,
-    verify_data, wait_ready,
+    host_pid_in, kill_and_reap, mock_env, run_checked, spawn_root, tree_root, verify_data,
+    wait_ready,
 };
+use mock_cuda_world::client::{CudaState, MockWorld, Status};
 use mock_cuda_world::pidns::{identity_of, pid_ns_of};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

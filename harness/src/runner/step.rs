@@ -706,9 +706,9 @@ impl Exec<'_> {
             .iter()
             .filter(|t| t.cuda)
             .filter(|t| {
-                self.pids.get(&t.name).is_some_and(|pid| {
-                    cuda_state_name(&st["processes"][pid.to_string()]) == "checkpointed"
-                })
+                self.pids
+                    .get(&t.name)
+                    .is_some_and(|pid| st.state_of(*pid) == CudaState::Checkpointed)
             })
             .map(|t| t.name.clone())
             .collect())

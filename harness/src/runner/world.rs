@@ -43,18 +43,8 @@ impl Exec<'_> {
         let cfg = self.dir.join("world.toml");
         let t = self.world_table(false)?;
         std::fs::write(&cfg, t.to_string()).map_err(|e| e.to_string())?;
-        run_checked(
-            Command::new(&self.art.mock_world)
-                .arg("init")
-                .arg(&w)
-                .arg("--config")
-                .arg(&cfg)
-                .arg("--lib")
-                .arg(&self.art.mock_lib)
-                .arg("--nvml-lib")
-                .arg(&self.art.mock_nvml),
-            "mock-world init",
-        )?;
+        MockWorld::init(&w, &t, &self.art.mock_lib, Some(&self.art.mock_nvml))
+            .map_err(|e| e.to_string())?;
         let bin = self.dir.join("bin");
         std::fs::create_dir(&bin).map_err(|e| e.to_string())?;
         if self.s.host.cuda_checkpoint {
@@ -69,19 +59,10 @@ impl Exec<'_> {
     pub(super) fn configure_world(&self, cfg: &Path, t: &toml::Table) -> Result<(), String> {
         let w = self.world.clone().ok_or("no mock world")?;
         std::fs::write(cfg, t.to_string()).map_err(|e| e.to_string())?;
-        run_checked(
-            Command::new(&self.art.mock_world)
-                .arg("configure")
-                .arg(&w)
-                .arg("--config")
-                .arg(cfg)
-                .arg("--lib")
-                .arg(&self.art.mock_lib)
-                .arg("--nvml-lib")
-                .arg(&self.art.mock_nvml),
-            "mock-world configure",
-        )?;
-        Ok(())
+        MockWorld::open(&w)
+            .map(|m| m.with_libs(Some(&self.art.mock_lib), Some(&self.art.mock_nvml)))
+            .and_then(|m| m.configure(t))
+            .map_err(|e| e.to_string())
     }
 
     pub(super) fn install_faults(&mut self) -> Result<(), String> {
@@ -359,25 +340,21 @@ impl Exec<'_> {
         self.names.insert(pid.to_string(), name.to_owned());
     }
 
-    pub(super) fn world_status(&self) -> Result<serde_json::Value, String> {
+    /// The world's status (an empty one without a world).
+    pub(super) fn world_status(&self) -> Result<Status, String> {
         let Some(w) = &self.world else {
-            return Ok(serde_json::Value::Null);
+            return Ok(Status::default());
         };
-        let out = run_checked(
-            Command::new(&self.art.mock_world)
-                .arg("status")
-                .arg(w)
-                .arg("--json"),
-            "mock-world status",
-        )?;
-        serde_json::from_str(&out).map_err(|e| format!("mock-world status --json: {e}"))
+        MockWorld::open(w)
+            .and_then(|m| m.status())
+            .map_err(|e| e.to_string())
     }
 
     pub(super) fn refresh_tids(&mut self) {
         let Ok(st) = self.world_status() else { return };
         for (name, pid) in self.pids.clone() {
-            if let Some(tid) = st["processes"][pid.to_string()]["restore_tid"].as_i64() {
-                self.tids.insert(name.clone(), tid as i32);
+            if let Some(tid) = st.process(pid).map(|p| p.restore_tid()) {
+                self.tids.insert(name.clone(), tid);
                 self.names
                     .insert(tid.to_string(), format!("{name}.restore"));
             }

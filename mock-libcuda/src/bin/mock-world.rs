@@ -1,4 +1,5 @@
-//! `mock-world`: creates and inspects mock CUDA worlds.
+//! `mock-world`: creates and inspects mock CUDA worlds, a command line over
+//! `mock_cuda_world::client` (what the tests and the harness call in-process).
 //!
 //! ```text
 //! mock-world init DIR --config world.toml [--lib libmock_libcuda.so] [--nvml-lib libmock_nvml.so]
@@ -10,13 +11,10 @@
 
 #![deny(unsafe_code)]
 
-use abi::CUprocessState;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use mock_libcuda::world::client::{ConfigSource, MockWorld};
 use mock_libcuda::world::config::WorldConfig;
-use mock_libcuda::world::pidns::{self, Presence};
-use mock_libcuda::world::state::{ProcessEntry, StateFile};
-use mock_libcuda::world::World;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug)]
@@ -107,7 +105,7 @@ fn nvml_lib(given: Option<PathBuf>, cfg: &WorldConfig) -> Result<Option<PathBuf>
 }
 
 /// Says that a world that should have NVML has none.
-fn warn_no_nvml(w: &World) {
+fn warn_no_nvml(w: &MockWorld) {
     eprintln!(
         "mock-world: warning: no libmock_nvml.so next to mock-world: {} has no {} (build the mock-nvml crate, pass --nvml-lib, or say [nvml] present = false)",
         w.dir().display(),
@@ -115,40 +113,8 @@ fn warn_no_nvml(w: &World) {
     );
 }
 
-/// One process of `mock-world status`: its entry, where it is now, its host pid (found now, or
-/// the last one known) and its restore thread's tid as this process sees them.
-struct Row<'a> {
-    id: u64,
-    entry: &'a ProcessEntry,
-    present: &'static str,
-    pid: i32,
-    tid: Option<i32>,
-}
-
-fn status_rows<'a>(w: &World, st: &'a StateFile) -> Vec<Row<'a>> {
-    st.processes
-        .iter()
-        .map(|(&id, e)| {
-            let (present, pid, tid) = match w.locate(&e.whereabouts(id)) {
-                Presence::Here(p) => ("here", p, pidns::restore_thread(p, id)),
-                Presence::Gone => ("gone", e.pid, None),
-                Presence::Unknown => ("unknown", e.pid, None),
-            };
-            Row {
-                id,
-                entry: e,
-                present,
-                pid,
-                tid,
-            }
-        })
-        .collect()
-}
-
-fn read_config(path: &Path) -> Result<WorldConfig> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(WorldConfig::parse(&text, &path.display().to_string())?)
+fn read_config(dir: &Path, path: &Path) -> Result<WorldConfig> {
+    Ok(ConfigSource::File(path).load(dir)?)
 }
 
 fn main() -> Result<()> {
@@ -159,16 +125,15 @@ fn main() -> Result<()> {
             lib,
             nvml_lib: nvml,
         } => {
-            let cfg = read_config(&config)?;
+            let cfg = read_config(&dir, &config)?;
             let lib = match lib {
                 Some(l) => l,
                 None => default_lib()?,
             };
-            let w = World::create(&dir, &cfg, &lib)?;
-            match nvml_lib(nvml, &cfg)? {
-                Some(so) => w.install_nvml(Some(&so))?,
-                None if cfg.nvml.present => warn_no_nvml(&w),
-                None => {}
+            let nvml = nvml_lib(nvml, &cfg)?;
+            let w = MockWorld::init(&dir, &cfg, &lib, nvml.as_deref())?;
+            if cfg.nvml.present && !w.has_nvml() {
+                warn_no_nvml(&w);
             }
             println!(
                 "world {}: driver r{} ({}), cuDriverGetVersion {}, {} GPU(s), {} fault(s)",
@@ -186,19 +151,14 @@ fn main() -> Result<()> {
             lib,
             nvml_lib: nvml,
         } => {
-            let cfg = read_config(&config)?;
+            let cfg = read_config(&dir, &config)?;
             let lib = lib.or_else(|| default_lib().ok());
-            let w = World::reconfigure(&dir, &cfg, lib.as_deref())?;
-            match nvml_lib(nvml, &cfg)? {
-                Some(so) => w.install_nvml(Some(&so))?,
-                None if !cfg.nvml.present => w.install_nvml(None)?,
-                // The library init installed stays.
-                None if w
-                    .dir()
-                    .join("lib")
-                    .join(mock_libcuda::world::NVML_LIB)
-                    .exists() => {}
-                None => warn_no_nvml(&w),
+            let nvml = nvml_lib(nvml, &cfg)?;
+            let w = MockWorld::open(&dir)?.with_libs(lib.as_deref(), nvml.as_deref());
+            w.configure(&cfg)?;
+            // Without a stand-in to install, the library init installed stays.
+            if cfg.nvml.present && !w.has_nvml() {
+                warn_no_nvml(&w);
             }
             println!(
                 "world {}: config replaced ({} fault(s))",
@@ -207,86 +167,22 @@ fn main() -> Result<()> {
             );
         }
         Cmd::Status { dir, json } => {
-            let w = World::open(&dir)?;
-            let st = w.read_state()?;
-            let transfers = w.transfers();
-            let rows = status_rows(&w, &st);
+            let status = MockWorld::open(&dir)?.status()?;
             if json {
-                // The state file, its processes keyed by host pid (or `id<N>` for one whose
-                // host pid is unknown), plus the transfers in progress.
-                let mut v = serde_json::to_value(&st)?;
-                let mut procs = serde_json::Map::new();
-                for r in &rows {
-                    let mut e = serde_json::to_value(r.entry)?;
-                    e["id"] = r.id.into();
-                    e["present"] = r.present.into();
-                    if let Some(tid) = r.tid {
-                        e["restore_tid"] = tid.into();
-                    }
-                    let key = if r.pid > 0 {
-                        r.pid.to_string()
-                    } else {
-                        format!("id{}", r.id)
-                    };
-                    // A live process wins over a dead one whose pid it reuses.
-                    if r.present == "here" || !procs.contains_key(&key) {
-                        procs.insert(key, e);
-                    }
-                }
-                v["processes"] = serde_json::Value::Object(procs);
-                v["transfers"] = serde_json::to_value(&transfers)?;
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                println!("{}", status.to_json());
             } else {
-                println!(
-                    "{:>8} {:>8} {:<13} {:>7} {:>15} {:>15} {:>6} {:>12}  gpus",
-                    "pid", "tid", "state", "allocs", "bytes", "staged", "nspid", "pid-ns"
-                );
-                for r in &rows {
-                    let e = r.entry;
-                    let bytes: u64 = e.allocations.iter().map(|a| a.size).sum();
-                    let gpus: Vec<String> = e.contexts.iter().map(|g| g.0.to_string()).collect();
-                    let transfer = transfers.iter().find(|t| t.id == r.id);
-                    // Host memory the process's checkpoint holds: what a transfer in progress
-                    // has staged so far, all of it once checkpointed.
-                    let staged = match transfer {
-                        Some(t) => t.staged(),
-                        None if e.state() == CUprocessState::CHECKPOINTED => {
-                            e.checkpointed.iter().map(|c| c.bytes).sum()
-                        }
-                        None => 0,
-                    };
-                    let pid = if r.pid > 0 {
-                        r.pid.to_string()
-                    } else {
-                        "?".to_owned()
-                    };
-                    let tid = r.tid.map_or_else(|| "-".to_owned(), |t| t.to_string());
-                    println!(
-                        "{pid:>8} {tid:>8} {:<13} {:>7} {bytes:>15} {staged:>15} {:>6} {:>12}  {}",
-                        e.state().to_string(),
-                        e.allocations.len(),
-                        e.nspid,
-                        e.pid_ns,
-                        gpus.join(",")
-                    );
-                    if let Some(t) = transfer {
-                        println!(
-                            "{:>8} {} in progress: {} of {} bytes moved",
-                            "",
-                            t.direction,
-                            t.moved(),
-                            t.total()
-                        );
-                    }
-                }
+                print!("{}", status.table());
             }
         }
         Cmd::Trace { dir } => {
-            let w = World::open(&dir)?;
-            print!("{}", w.read_trace());
+            print!("{}", MockWorld::open(&dir)?.trace());
         }
         Cmd::Check { config } => {
-            let cfg = read_config(&config)?;
+            let cfg = WorldConfig::parse(
+                &std::fs::read_to_string(&config)
+                    .with_context(|| format!("reading {}", config.display()))?,
+                &config.display().to_string(),
+            )?;
             println!(
                 "{}: ok (driver r{}, {} GPU(s), {} fault(s))",
                 config.display(),

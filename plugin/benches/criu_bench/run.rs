@@ -108,23 +108,7 @@ impl<'b> Run<'b> {
         }
         std::os::unix::fs::symlink(&b.a.cuda_checkpoint, bindir.join("cuda-checkpoint"))
             .map_err(|e| format!("linking cuda-checkpoint: {e}"))?;
-        let cfg = p.join("world.toml");
-        std::fs::write(&cfg, world_config("")).map_err(|e| format!("world.toml: {e}"))?;
-        let out = Command::new(&b.a.mock_world)
-            .arg("init")
-            .arg(&world)
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--lib")
-            .arg(&b.a.mock_so)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("running mock-world: {e}"))?;
-        ensure!(
-            out.status.success(),
-            "mock-world init failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        init_world(b.a, &world, &world_config(""))?;
         Ok(Run {
             b,
             report: p.join("report.txt"),

@@ -113,12 +113,11 @@ fn ms(x: f64) -> Duration {
     Duration::from_secs_f64(x / 1000.0)
 }
 
-fn state_of(c: &Case, pid: i32) -> R<String> {
-    let a = artifacts().as_ref().map_err(Clone::clone)?;
-    Ok(world_states(&a.mock_world, &c.world)?
+fn state_of(c: &Case, pid: i32) -> R<CudaState> {
+    Ok(world_states(&c.world)?
         .into_iter()
         .find(|(p, _)| *p == pid)
-        .map_or_else(|| "none".to_owned(), |(_, s)| s))
+        .map_or(CudaState::None, |(_, s)| s))
 }
 
 fn freeze_alarm(c: &mut Case) -> R {
@@ -166,10 +165,13 @@ fn foreign_lock(c: &mut Case) -> R {
     );
     let (first, second) = (c.cuda[0], c.cuda[1]);
     ensure!(
-        state_of(c, second)? == "locked",
+        state_of(c, second)? == CudaState::Locked,
         "the other tool's lock of {second} was undone"
     );
-    ensure!(state_of(c, first)? == "running", "{first} is not running");
+    ensure!(
+        state_of(c, first)? == CudaState::Running,
+        "{first} is not running"
+    );
     // That lock is the other tool's to release; then everything runs with its data.
     let a = artifacts().as_ref().map_err(Clone::clone)?;
     let mut cmd = Command::new(&a.cuda_checkpoint);
@@ -185,21 +187,10 @@ fn foreign_lock(c: &mut Case) -> R {
 /// Removes the restore fault (the world's config without faults) so the images restore.
 fn clear_faults(c: &Case) -> R {
     let a = artifacts().as_ref().map_err(Clone::clone)?;
-    let cfg = c.path.join("world-clean.toml");
-    std::fs::write(&cfg, world_config("")).map_err(|e| e.to_string())?;
-    let out = Command::new(&a.mock_world)
-        .arg("configure")
-        .arg(&c.world)
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .map_err(|e| e.to_string())?;
-    ensure!(
-        out.status.success(),
-        "mock-world configure: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    MockWorld::open(&c.world)
+        .map(|w| w.with_libs(Some(&a.mock_so), a.mock_nvml.as_deref()))
+        .and_then(|w| w.configure(&world_config("")))
+        .map_err(|e| e.to_string())
 }
 
 fn restore_fails_kill(c: &mut Case) -> R {
@@ -247,7 +238,7 @@ fn restore_fails_leave(c: &mut Case) -> R {
         tail(&r.log, 25)
     );
     ensure!(
-        state_of(c, second)? == "checkpointed",
+        state_of(c, second)? == CudaState::Checkpointed,
         "{second} is not checkpointed"
     );
     c.teardown()
@@ -390,7 +381,7 @@ fn killed_during_lock(c: &mut Case) -> R {
     std::fs::write(c.world.join("release"), "").map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(500));
     ensure!(
-        state_of(c, root)? == "running",
+        state_of(c, root)? == CudaState::Running,
         "the root was locked after CRIU died"
     );
     c.check_running()?;
