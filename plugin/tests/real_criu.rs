@@ -205,6 +205,9 @@ impl Case {
         }
         let id = UNPRIVILEGED_UID;
         let mut cmd = Command::new("setpriv");
+        // In the case's directory, which the user owns: the test's own (the checkout) may be
+        // where it cannot look, and CRIU dumps the tree's working directory.
+        cmd.current_dir(&self.path);
         cmd.arg(format!("--reuid={id}"))
             .arg(format!("--regid={id}"))
             .arg("--clear-groups")
