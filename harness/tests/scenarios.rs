@@ -20,7 +20,7 @@ use harness::kit::PluginUnderTest;
 use harness::runner::{self, Artifacts, CorpusOptions, RunOptions, Verdict};
 use harness::scenario::matrix::split_name;
 use harness::scenario::Scenario;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
@@ -39,7 +39,7 @@ fn artifacts() -> Result<&'static Artifacts, String> {
 /// One trial: [`runner::run_scenario`], the implementation `harness run` uses, judges the run;
 /// on a pass, insta compares the transcript with its snapshot as well, to show the difference
 /// and bless it when asked (`INSTA_UPDATE`).
-fn run_trial(name: &str, path: &Path, opts: &CorpusOptions) -> Result<(), Failed> {
+fn run_trial(name: &str, path: &Path, opts: &CorpusOptions) -> Result<Completion, Failed> {
     let art = artifacts()?;
     let snaps = corpus_dir().join("snapshots");
     let row = runner::run_scenario(name, path, &snaps, art, opts);
@@ -57,26 +57,24 @@ fn run_trial(name: &str, path: &Path, opts: &CorpusOptions) -> Result<(), Failed
                 settings.set_omit_expression(true);
                 settings.bind(|| insta::assert_snapshot!(snap, transcript));
             });
-            checked.map_err(|_| {
+            checked.map(|()| Completion::Completed).map_err(|_| {
                 Failed::from(
                     row.error
                         .unwrap_or_else(|| "the transcript differs from its snapshot".into()),
                 )
             })
         }
-        Verdict::Pass => Ok(()),
+        Verdict::Pass => Ok(Completion::Completed),
         Verdict::Fail(e) => Err(e.into()),
-        Verdict::Skip(why) => {
-            eprintln!("note: {name} is skipped: {why}");
-            Ok(())
-        }
+        // Counted as ignored, with the reason: a skip is never a pass.
+        Verdict::Skip(why) => Ok(Completion::ignored_with(why)),
         Verdict::XFail(why) => {
             eprintln!("note: {name} failed as expected: {why}");
-            Ok(())
+            Ok(Completion::Completed)
         }
         Verdict::NotApplicable(why) => {
             eprintln!("note: {name} does not apply to this project's plugin: {why}");
-            Ok(())
+            Ok(Completion::Completed)
         }
     }
 }
@@ -103,31 +101,43 @@ fn main() -> ExitCode {
         print_rows: false,
     };
     let art_dir = std::path::PathBuf::from(MANIFEST).join("..");
-    let trials = runner::collect(&corpus_dir())
-        .into_iter()
-        .map(
-            |(name, path)| match Scenario::load_variant(&path, split_name(&name).1) {
-                Err(e) => Trial::test(name, move || Err(e.to_string().into())),
-                Ok(s) => {
-                    let kind = if s.host.engine == harness::scenario::EngineKind::Criu {
-                        "criu"
-                    } else {
-                        "emulated"
-                    };
-                    let ignored = s.host.engine == harness::scenario::EngineKind::Criu
-                        && !run.require_criu
-                        && runner::find_criu(&s.host.profile, &art_dir).is_none();
-                    if ignored {
-                        eprintln!("note: {name} is skipped: no CRIU {} found", s.host.profile);
-                    }
-                    let n = name.clone();
-                    let opts = opts.clone();
-                    Trial::test(name, move || run_trial(&n, &path, &opts))
-                        .with_kind(kind)
-                        .with_ignored_flag(ignored)
-                }
-            },
-        )
-        .collect();
-    libtest_mimic::run(&args, trials).exit_code()
+    // Why scenarios will not run here, and how many each.
+    let mut skips: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    let mut trials = Vec::new();
+    for (name, path) in runner::collect(&corpus_dir()) {
+        let s = match Scenario::load_variant(&path, split_name(&name).1) {
+            Ok(s) => s,
+            Err(e) => {
+                trials.push(Trial::test(name, move || Err(e.to_string().into())));
+                continue;
+            }
+        };
+        let criu = s.host.engine == harness::scenario::EngineKind::Criu;
+        let why = runner::needs_root(&s).or_else(|| {
+            (criu && !run.require_criu && runner::find_criu(&s.host.profile, &art_dir).is_none())
+                .then(|| format!("no CRIU {} found", s.host.profile))
+        });
+        if let Some(w) = &why {
+            *skips.entry(w.clone()).or_default() += 1;
+        }
+        let n = name.clone();
+        let opts = opts.clone();
+        trials.push(
+            Trial::ignorable_test(name, move || run_trial(&n, &path, &opts))
+                .with_kind(if criu { "criu" } else { "emulated" })
+                .with_ignored_flag(why.is_some()),
+        );
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if !skips.is_empty() {
+        eprintln!("\nscenarios: not run here (listed as ignored above):");
+        for (why, n) in &skips {
+            eprintln!("  {n} scenario(s): {why}");
+        }
+        eprintln!(
+            "  to run every scenario: as root, `bash scripts/test.sh` (it fetches real CRIU 4.1 \
+             and 4.2 into target/criu first)"
+        );
+    }
+    conclusion.exit_code()
 }

@@ -183,6 +183,22 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
         invariants: None,
         last_ok: false,
     };
+    if let Some(why) = needs_root(s) {
+        return Report {
+            verdict: if opts.require_criu && s.host.engine == EngineKind::Criu {
+                Verdict::Fail(format!("required (CRIU_CUDA_REQUIRE_CRIU=1): {why}"))
+            } else {
+                Verdict::Skip(why)
+            },
+            host,
+            backend: "-".to_owned(),
+            transcript: String::new(),
+            snapshot_applies: false,
+            steps: Vec::new(),
+            elapsed: start.elapsed(),
+            invariants: None,
+        };
+    }
     let tmp = tempfile::Builder::new().prefix("scenario-").tempdir();
     let result = match (&tmp, s.host.engine) {
         (Err(e), _) => Err(format!("tempdir: {e}")),
@@ -284,6 +300,21 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
         elapsed: start.elapsed(),
         invariants: ex.invariants,
     }
+}
+
+/// Why `s` cannot run as this (non-root) user, if it cannot: real CRIU, and a tree in new pid
+/// or mount namespaces, need root. The same sentence for every scenario of a kind, so that a
+/// summary can count them.
+#[must_use]
+pub fn needs_root(s: &Scenario) -> Option<String> {
+    if nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    if s.host.engine == EngineKind::Criu {
+        return Some("not root: real CRIU needs root".to_owned());
+    }
+    (!s.workload.namespaces.is_empty())
+        .then(|| "not root: a tree in new pid or mount namespaces needs root".to_owned())
 }
 
 fn first_line(s: &str) -> &str {
