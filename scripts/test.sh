@@ -21,6 +21,11 @@
 #                              Passed through.
 #   CRIU_CUDA_CORPUS_IN_MAIN_JOB=1  harness/tests/scenarios.rs runs no scenario: the corpus runs
 #                              in scripts/main-job.sh instead (CI sets this). Passed through.
+#   --full                     (first argument) the full mode, for a nightly or manual run:
+#                              sets CRIU_CUDA_FULL=1, which runs the fault sweep with every code
+#                              and the slow faults everywhere (harness sweep --full) and the
+#                              restore-thread stress test (mock-libcuda/tests/restore_thread_stress.rs,
+#                              CRIU_CUDA_STRESS_RUNS cycles, default 500)
 #   extra arguments            passed to both `cargo test` runs (e.g. -- --nocapture)
 #
 # Environment exported to the tests:
@@ -40,6 +45,12 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$repo"
 
 note() { printf 'test.sh: %s\n' "$*"; }
+
+if [ "${1:-}" = --full ]; then
+    shift
+    export CRIU_CUDA_FULL=1
+    note "full mode (CRIU_CUDA_FULL=1): the full fault sweep and the restore-thread stress test"
+fi
 
 # shellcheck source=scripts/lib/criu-env.sh
 . scripts/lib/criu-env.sh
