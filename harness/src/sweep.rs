@@ -1097,31 +1097,30 @@ mod tests {
         let mut codes = CODES.to_vec();
         codes.sort_unstable();
         assert_eq!(all, codes, "every code in exactly one group");
-        for call in TASK_CALLS.iter().chain(CLI_TASK_CALLS) {
+        // The classes the plugin gives `codes` from `call`, and whether they are all one.
+        let classes = |call: &str, codes: &[&str]| {
             let (backend, op) = op_of(call);
-            assert_ne!(op, Op::Init, "{call}");
+            let c: Vec<FailureClass> = codes
+                .iter()
+                .map(|c| FailureClass::of(backend, op, code(c)))
+                .collect();
+            let one = c.iter().all(|x| *x == c[0]);
+            (op, c, one)
+        };
+        for call in TASK_CALLS.iter().chain(CLI_TASK_CALLS) {
             for g in CODE_GROUPS {
-                let classes: Vec<FailureClass> = g
-                    .iter()
-                    .map(|c| FailureClass::of(backend, op, code(c)))
-                    .collect();
+                let (op, c, one) = classes(call, g);
+                assert_ne!(op, Op::Init, "{call}");
                 assert!(
-                    classes.iter().all(|c| *c == classes[0]),
-                    "{call}: the plugin tells the codes of {g:?} apart: {classes:?}"
+                    one,
+                    "{call}: the plugin tells the codes of {g:?} apart: {c:?}"
                 );
             }
         }
         for call in GLOBAL_CALLS.iter().chain(&["cuda-checkpoint:help"]) {
-            let (backend, op) = op_of(call);
+            let (op, c, one) = classes(call, CODES);
             assert_eq!(op, Op::Init, "{call}");
-            let classes: Vec<FailureClass> = CODES
-                .iter()
-                .map(|c| FailureClass::of(backend, op, code(c)))
-                .collect();
-            assert!(
-                classes.iter().all(|c| *c == classes[0]),
-                "{call}: {classes:?}"
-            );
+            assert!(one, "{call}: {c:?}");
             assert_eq!(codes_for(call, false).len(), 1);
         }
         // The groups are not finer than they need be for the calls that tell codes apart: each

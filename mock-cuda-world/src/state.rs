@@ -260,23 +260,29 @@ impl World {
     }
 }
 
+/// A process entry with no devices or memory, for tests.
+#[cfg(test)]
+pub(crate) fn test_entry(pid: i32, ns: u64, nspid: i32, state: CUprocessState) -> ProcessEntry {
+    ProcessEntry {
+        pid,
+        pid_ns: ns,
+        nspid,
+        state: state.0,
+        restore_tid: nspid + 1,
+        devices: Vec::new(),
+        contexts: Vec::new(),
+        allocations: Vec::new(),
+        checkpointed: Vec::new(),
+        reserved: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn entry(pid: i32, ns: u64, nspid: i32) -> ProcessEntry {
-        ProcessEntry {
-            pid,
-            pid_ns: ns,
-            nspid,
-            state: CUprocessState::RUNNING.0,
-            restore_tid: nspid + 1,
-            devices: Vec::new(),
-            contexts: Vec::new(),
-            allocations: Vec::new(),
-            checkpointed: Vec::new(),
-            reserved: Vec::new(),
-        }
+        test_entry(pid, ns, nspid, CUprocessState::RUNNING)
     }
 
     #[test]

@@ -111,6 +111,23 @@ pub struct Report {
     pub invariants: Option<InvariantReport>,
 }
 
+impl Report {
+    /// The report of a scenario that did not run (not applicable, skipped, or failed before
+    /// anything started).
+    fn not_run(verdict: Verdict, host: String, start: Instant) -> Self {
+        Report {
+            verdict,
+            host,
+            backend: "-".to_owned(),
+            transcript: String::new(),
+            snapshot_applies: false,
+            steps: Vec::new(),
+            elapsed: start.elapsed(),
+            invariants: None,
+        }
+    }
+}
+
 /// Options of a run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunOptions {
@@ -145,16 +162,7 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
         s.host.profile
     );
     if let Err(why) = crate::kit::applicability(s, put, art) {
-        return Report {
-            verdict: Verdict::NotApplicable(why),
-            host,
-            backend: "-".to_owned(),
-            transcript: String::new(),
-            snapshot_applies: false,
-            steps: Vec::new(),
-            elapsed: start.elapsed(),
-            invariants: None,
-        };
+        return Report::not_run(Verdict::NotApplicable(why), host, start);
     }
     let mut ex = Exec {
         s,
@@ -184,20 +192,12 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
         last_ok: false,
     };
     if let Some(why) = needs_root(s) {
-        return Report {
-            verdict: if opts.require_criu && s.host.engine == EngineKind::Criu {
-                Verdict::Fail(format!("required (CRIU_CUDA_REQUIRE_CRIU=1): {why}"))
-            } else {
-                Verdict::Skip(why)
-            },
-            host,
-            backend: "-".to_owned(),
-            transcript: String::new(),
-            snapshot_applies: false,
-            steps: Vec::new(),
-            elapsed: start.elapsed(),
-            invariants: None,
+        let verdict = if opts.require_criu && s.host.engine == EngineKind::Criu {
+            Verdict::Fail(format!("required (CRIU_CUDA_REQUIRE_CRIU=1): {why}"))
+        } else {
+            Verdict::Skip(why)
         };
+        return Report::not_run(verdict, host, start);
     }
     let tmp = tempfile::Builder::new().prefix("scenario-").tempdir();
     let result = match (&tmp, s.host.engine) {
@@ -212,16 +212,11 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
                 s.host.profile
             )),
             None => {
-                return Report {
-                    verdict: Verdict::Skip(format!("no CRIU {} found", s.host.profile)),
+                return Report::not_run(
+                    Verdict::Skip(format!("no CRIU {} found", s.host.profile)),
                     host,
-                    backend: "-".to_owned(),
-                    transcript: String::new(),
-                    snapshot_applies: false,
-                    steps: Vec::new(),
-                    elapsed: start.elapsed(),
-                    invariants: None,
-                }
+                    start,
+                )
             }
         },
         (Ok(_), EngineKind::Emulated) => Ok(()),

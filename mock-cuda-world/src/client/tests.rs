@@ -17,18 +17,7 @@ fn an_elf() -> PathBuf {
 }
 
 fn entry(pid: i32, ns: u64, nspid: i32, state: CUprocessState) -> ProcessEntry {
-    ProcessEntry {
-        pid,
-        pid_ns: ns,
-        nspid,
-        state: state.0,
-        restore_tid: nspid + 1,
-        devices: Vec::new(),
-        contexts: Vec::new(),
-        allocations: Vec::new(),
-        checkpointed: Vec::new(),
-        reserved: Vec::new(),
-    }
+    crate::state::test_entry(pid, ns, nspid, state)
 }
 
 #[test]
