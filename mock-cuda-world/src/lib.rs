@@ -7,6 +7,7 @@
 //! <world>/state.json        runtime state, versioned, updated under a lock  -> state.rs
 //! <world>/state.lock        flock(2) target serialising state updates
 //! <world>/trace.log         one line per driver call                        -> trace.rs
+//! <world>/timeouts.log      one line per request that timed out            -> timeouts.rs
 //! <world>/lib/libcuda.so.1  the mock, with hidden symbols removed from its dynamic table
 //! <world>/lib/libnvidia-ml.so.1  the NVML stand-in (unless `[nvml] present = false`)
 //! <world>/devmem/           device memory of RUNNING/LOCKED processes, one file per allocation
@@ -34,6 +35,7 @@ pub mod pidns;
 pub mod rates;
 pub mod state;
 pub mod sys;
+pub mod timeouts;
 pub mod trace;
 pub mod transfers;
 
@@ -173,7 +175,7 @@ impl World {
     }
 
     /// Creates (or re-creates) a world at `dir` from `config`: writes `world.toml`, a fresh
-    /// state and trace, and `lib/libcuda.so.1` made from the mock library at `mock_so` with the
+    /// state and trace (and removes an old `timeouts.log`), and `lib/libcuda.so.1` made from the mock library at `mock_so` with the
     /// world's hidden symbols removed from its dynamic symbol table. The NVML stand-in is
     /// installed separately ([`World::install_nvml`]).
     pub fn create(dir: &Path, config: &WorldConfig, mock_so: &Path) -> Result<World, WorldError> {
@@ -200,6 +202,12 @@ impl World {
         state.store(&dir.join("state.json"))?;
         let trace = dir.join("trace.log");
         std::fs::write(&trace, b"").map_err(|e| io(&trace, e))?;
+        // A re-created world starts without the old world's timeouts.
+        let timeouts = dir.join(timeouts::FILE);
+        match std::fs::remove_file(&timeouts) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&timeouts, e)),
+            _ => {}
+        }
         let image = std::fs::read(mock_so).map_err(|e| io(mock_so, e))?;
         let hidden: Vec<&str> = DRIVER_SYMBOLS
             .iter()

@@ -54,7 +54,7 @@ impl World {
 /// before any call). Kept because `/proc` may later be another pid namespace's: CRIU enters a
 /// dumped container's mount namespace, where `/proc/self` does not name it. The cache is only
 /// ever `try_lock`ed, so a fork while another thread holds it cannot deadlock the child.
-fn program() -> String {
+pub(crate) fn program() -> String {
     static NAME: Mutex<Option<(u32, String)>> = Mutex::new(None);
     let pid = std::process::id();
     if let Ok(g) = NAME.try_lock() {

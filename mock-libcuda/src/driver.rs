@@ -9,6 +9,7 @@ use crate::devmem::{DevmemError, Piece, Sparse};
 use crate::target::{self, Op, Request, Response};
 use crate::world::config::{FaultAction, GpuUuidText};
 use crate::world::state::Allocation;
+use crate::world::timeouts::{Timeout, Waited};
 use crate::world::{World, WorldError};
 use abi::{CUprocessState, CUresult, GpuUuid};
 use std::cell::Cell;
@@ -863,21 +864,40 @@ pub fn unlock(pid: i32) -> R<()> {
     )
 }
 
-/// Sends `op` to the restore thread of `tgid` and waits for its answer until `deadline`.
-/// `CUDA_ERROR_TIMEOUT` when the thread does not answer in time (stopped, hung); if the thread
-/// had not picked the request up by then, the request is withdrawn and nothing happens.
 /// How long a caller sleeps on the response doorbell before it checks the target is alive.
 const ANSWER_WAIT: Duration = Duration::from_millis(20);
 
+/// Appends a timeout of `function`'s request to `t` to the world's timeout log
+/// (`timeouts.log`, module [`crate::world::timeouts`]), with what `/proc` says of its restore
+/// thread now.
+fn log_timeout(w: &World, t: Target, function: &str, waited: Waited, since: Instant) {
+    w.log_timeout(&Timeout {
+        function,
+        target: t.pid,
+        restore_tid: crate::world::pidns::restore_thread(t.pid, t.id),
+        waited,
+        after: since.elapsed(),
+    });
+}
+
+/// Sends `op` to the restore thread of `tgid` and waits for its answer until `deadline`.
+/// `CUDA_ERROR_TIMEOUT` when the thread does not answer in time (stopped, hung); if the thread
+/// had not picked the request up by then, the request is withdrawn and nothing happens. Every
+/// such timeout, and one waiting for the mailbox's `call.lock`, is logged in `timeouts.log`.
 fn send(w: &World, t: Target, op: Op, deadline: Instant) -> R<()> {
     let tgid = t.pid;
+    let since = Instant::now();
+    let function = op.function();
     let dir = w.mailbox_dir(t.id);
     if !dir.is_dir() {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
     let _caller = crate::ffi::sys::FileLock::acquire(&dir.join("call.lock"), deadline).map_err(
         |e| match e {
-            None => CUresult::ERROR_TIMEOUT,
+            None => {
+                log_timeout(w, t, function, Waited::CallLock, since);
+                CUresult::ERROR_TIMEOUT
+            }
             Some(_) => CUresult::ERROR_OPERATING_SYSTEM,
         },
     )?;
@@ -922,7 +942,9 @@ fn send(w: &World, t: Target, op: Op, deadline: Instant) -> R<()> {
             let patience = Duration::from_millis(w.config().driver.request_timeout_ms);
             if !(taken() && w.transfer_working(t.id, tgid, id, patience)) {
                 // Withdraw the request if the thread has not taken it yet.
-                let _ = std::fs::remove_file(&req_path);
+                let withdrawn = std::fs::remove_file(&req_path).is_ok();
+                let waited = Waited::Answer { taken: !withdrawn };
+                log_timeout(w, t, function, waited, since);
                 return Err(CUresult::ERROR_TIMEOUT);
             }
         }

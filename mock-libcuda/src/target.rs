@@ -98,6 +98,20 @@ pub enum Op {
     Fail,
 }
 
+impl Op {
+    /// The driver function that sends this request (`fail-fault` for a `fail` fault's).
+    #[must_use]
+    pub fn function(&self) -> &'static str {
+        match self {
+            Op::Lock { .. } => "cuCheckpointProcessLock",
+            Op::Checkpoint => "cuCheckpointProcessCheckpoint",
+            Op::Restore { .. } => "cuCheckpointProcessRestore",
+            Op::Unlock => "cuCheckpointProcessUnlock",
+            Op::Fail => "fail-fault",
+        }
+    }
+}
+
 /// A restore thread's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {

@@ -81,6 +81,7 @@ fn thread_errno(e: &ThreadError) -> i32 {
         ThreadError::StopTimeout { .. } | ThreadError::KillTimeout { .. } => libc::ETIMEDOUT,
         ThreadError::Gone { .. } => libc::ESRCH,
         ThreadError::SeccompSuspend { .. } => libc::EPERM,
+        ThreadError::StopsAtOnce { .. } => libc::EIO,
     }
 }
 

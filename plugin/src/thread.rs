@@ -7,11 +7,31 @@
 //!
 //! * resume: save the signal mask (`PTRACE_GETSIGMASK`), block every signal but SIGTRAP
 //!   (`PTRACE_SETSIGMASK`), drop the ptrace options so the thread's seccomp filter applies while it
-//!   runs (`PTRACE_SETOPTIONS 0`), `PTRACE_CONT`;
-//! * re-stop: `PTRACE_INTERRUPT`, wait for the stop (`waitpid(__WALL)`, polled with a deadline),
-//!   put back CRIU's options (`PTRACE_O_TRACESYSGOOD`, and `PTRACE_O_SUSPEND_SECCOMP` only for a
+//!   runs (`PTRACE_SETOPTIONS 0`), `PTRACE_CONT`, then confirm that it runs: it must not report a
+//!   stop (`waitpid(WNOHANG | __WALL)`) or show a traced stop (`t` in `/proc`) at once. A thread
+//!   seen sleeping has run since (after `PTRACE_CONT` the kernel shows it runnable until it does),
+//!   and so has one seen runnable after it has been on a CPU since (its `schedstat` count,
+//!   [`times_scheduled`]; where the kernel does not count, one that stays runnable for 10 ms
+//!   without stopping). An idle restore thread is confirmed within microseconds. A thread that
+//!   stopped again is continued again, at most 3 times; then the resume fails
+//!   ([`ThreadError::StopsAtOnce`]) and the thread is left stopped with CRIU's mask and options;
+//! * re-stop: if the thread is stopped already (a stop notification is pending, taken now, or
+//!   `/proc` shows it in a traced stop), it is not interrupted; otherwise `PTRACE_INTERRUPT` and
+//!   wait for the stop (`waitpid(__WALL)`, polled with a deadline). A thread found in a
+//!   signal-delivery-stop (SIGTRAP or SIGSTOP, the only signals not blocked) instead of an event
+//!   stop is continued with the signal discarded and stopped again (at most 3 rounds). Then put
+//!   back CRIU's options (`PTRACE_O_TRACESYSGOOD`, and `PTRACE_O_SUSPEND_SECCOMP` only for a
 //!   thread with a seccomp mode, as CRIU's seize does: see [`Resumed::seccomp`]), restore the
 //!   mask.
+//!
+//! Why both: `PTRACE_INTERRUPT` sent to a thread that is stopped already does not stop it twice;
+//! it queues a trap (the kernel's `JOBCTL_TRAP_STOP`) that the thread takes as soon as it is
+//! continued, so it stops again at once and the `PTRACE_CONT` that was meant to let it serve the
+//! driver does nothing, nor does every later one while the dance repeats the mistake. The driver's
+//! request then times out (`CUDA_ERROR_TIMEOUT`) although the resume reported success. The
+//! re-stop therefore never interrupts a thread it sees stopped, and the resume checks its effect,
+//! which also catches a trap queued when the thread stopped between the re-stop's look and its
+//! interrupt, or one queued by somebody else.
 //!
 //! A thread that is not traced by this process (the task was never seized, e.g. a rollback after
 //! a failed PAUSE_DEVICES) is left alone: it is running anyway. The real implementation is
@@ -56,6 +76,12 @@ pub enum ThreadError {
         std::io::Error::from_raw_os_error(*.errno)
     )]
     SeccompSuspend { tid: Tid, errno: i32 },
+    #[error(
+        "restore thread {tid} of pid {pid} stopped again at once after each of {conts} \
+         PTRACE_CONTs, so it cannot serve the driver's request; it is left stopped, with the \
+         signal mask and ptrace options CRIU gave it"
+    )]
+    StopsAtOnce { pid: Pid, tid: Tid, conts: u32 },
 }
 
 /// Resume one thread of a stopped task, and stop it again.
@@ -104,6 +130,24 @@ pub fn parse_ns_pid(status: &str) -> Option<Pid> {
 pub fn thread_state(pid: Pid, tid: Tid) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
     parse_state(&stat)
+}
+
+/// How many times `tid` has been put on a CPU: the third field of
+/// `/proc/<pid>/task/<tid>/schedstat`. `None` when the thread is gone, or the kernel does not
+/// count (no `schedstat` without `CONFIG_SCHED_INFO`; a count of 0 for a thread that has run means
+/// the kernel does not keep it).
+#[must_use]
+pub fn times_scheduled(pid: Pid, tid: Tid) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+    parse_schedstat(&text)
+}
+
+fn parse_schedstat(text: &str) -> Option<u64> {
+    text.split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+        .filter(|n: &u64| *n > 0)
 }
 
 fn parse_state(stat: &str) -> Option<char> {
@@ -340,6 +384,19 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(descendants(i32::MAX), vec![i32::MAX]);
+    }
+
+    #[test]
+    fn reads_how_often_a_thread_was_scheduled() {
+        assert_eq!(parse_schedstat("76671635 86098663 288\n"), Some(288));
+        assert_eq!(parse_schedstat("0 0 0\n"), None, "not counted");
+        assert_eq!(parse_schedstat("1 2\n"), None);
+        assert_eq!(parse_schedstat("1 2 x\n"), None);
+        let me = std::process::id() as i32;
+        if std::path::Path::new("/proc/self/schedstat").exists() {
+            assert!(times_scheduled(me, me).is_some_and(|n| n > 0));
+        }
+        assert_eq!(times_scheduled(me, i32::MAX), None);
     }
 
     #[test]

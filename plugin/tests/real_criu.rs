@@ -22,8 +22,9 @@
 //! is looked for) unless `CRIU_CUDA_REQUIRE_CRIU=1`. `CRIU_CUDA_REAL_CRIU_N32=0` marks the
 //! `exec-counts-n32` trials ignored (~2-5 s each on 2 cores). `CRIU_CUDA_TEST_PLUGIN_SO=PATH`
 //! tests that prebuilt plugin (e.g. a release build) instead. A failed case keeps its directory
-//! (images, CRIU logs, world, report) and prints its path; `CRIU_CUDA_REAL_CRIU_KEEP=1` keeps
-//! every case's.
+//! (images, CRIU logs, world, report) and prints its path, and its error ends with the world's
+//! `timeouts.log` when a driver request gave up on a restore thread (with that thread's state,
+//! wait channel and tracer then); `CRIU_CUDA_REAL_CRIU_KEEP=1` keeps every case's.
 //!
 //! Run: `cargo test -p cuda-plugin --test real_criu [-- FILTER]`, e.g. `-- criu-4.2/driver-api/`.
 
@@ -508,6 +509,22 @@ impl Drop for Case {
             }
         }
     }
+}
+
+/// The mock world's timeout log (`timeouts.log`: driver requests that gave up waiting for a
+/// target's restore thread, with its state, wait channel and tracer then) as a section to
+/// append to a failed case's error; empty when nothing timed out.
+fn world_timeouts(world: &Path) -> String {
+    let path = world.join(mock_cuda_world::timeouts::FILE);
+    let text = read(&path);
+    if text.trim().is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n    the mock world's {}:\n{}",
+        path.display(),
+        text.trim_end()
+    )
 }
 
 fn tail(s: &str, n: usize) -> String {
@@ -1167,6 +1184,8 @@ fn run_case(
     let (result, dumps, restores) = match Case::new(&criu, backend, &faults, options) {
         Ok(mut c) => {
             let r = body(&mut c).and_then(|()| c.teardown());
+            // A driver request that gave up on a restore thread says what that thread did.
+            let r = r.map_err(|e| e + &world_timeouts(&c.world));
             c.keep =
                 r.is_err() || std::env::var("CRIU_CUDA_REAL_CRIU_KEEP").is_ok_and(|v| v == "1");
             (r, c.dumps.clone(), c.restores.clone())

@@ -255,6 +255,15 @@ impl Exec<'_> {
         ))
     }
 
+    /// The world's `timeouts.log` as a section to append to a failure's text (see
+    /// [`timeouts_section`]).
+    pub(super) fn timeouts(&self) -> String {
+        self.world
+            .as_deref()
+            .map(timeouts_section)
+            .unwrap_or_default()
+    }
+
     pub(super) fn cleanup(&mut self) {
         let mut victims: Vec<i32> = self.pids.values().copied().collect();
         let old: Vec<i32> = self
@@ -268,5 +277,45 @@ impl Exec<'_> {
             victims.extend(world_processes(w));
         }
         kill_and_reap(&victims, self.root_child.take());
+    }
+}
+
+/// The timeout log of the world at `world` (`timeouts.log`: the driver requests that gave up on
+/// a target's restore thread, with what `/proc` showed of it), as a section to append to a
+/// failure's text; empty when nothing timed out.
+pub(super) fn timeouts_section(world: &Path) -> String {
+    let path = world.join(mock_cuda_world::timeouts::FILE);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    if text.trim().is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n--- the mock world's timeouts.log (requests that gave up on a restore thread):\n{}",
+        text.trim_end()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timeouts_section;
+
+    #[test]
+    fn a_failure_shows_the_worlds_timeouts_when_there_are_any() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(timeouts_section(dir.path()), "", "no log");
+        let log = dir.path().join("timeouts.log");
+        std::fs::write(&log, "").unwrap();
+        assert_eq!(timeouts_section(dir.path()), "", "an empty log");
+        let line = "1750000000.123 4242 cuda-guardian cuCheckpointProcessCheckpoint gave up \
+                    after 10000 ms waiting for the answer: target=4250 restore_tid=4253 \
+                    taken=no state=t wchan=ptrace_stop tracer=4242";
+        std::fs::write(&log, format!("{line}\n")).unwrap();
+        let text = timeouts_section(dir.path());
+        assert!(
+            text.starts_with('\n'),
+            "after the failure's own text: {text:?}"
+        );
+        assert!(text.contains("timeouts.log"), "{text}");
+        assert!(text.ends_with(line), "{text}");
     }
 }

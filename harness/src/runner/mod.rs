@@ -229,6 +229,15 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
             .to_path_buf();
         ex.execute()
     });
+    // A failure shows the mock world's timeout log, if a driver request gave up on a restore
+    // thread (with what that thread was doing); the transcript never holds it.
+    let result = result.map_err(|e| {
+        let timeouts = ex.timeouts();
+        if let Some(f) = ex.records.iter_mut().rev().find_map(|r| r.failure.as_mut()) {
+            f.push_str(&timeouts);
+        }
+        e + &timeouts
+    });
     ex.cleanup();
     let error = result.as_ref().err().cloned();
     let verdict = match (result, &s.known_failure) {
