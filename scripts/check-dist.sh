@@ -9,7 +9,8 @@
 #   - glibc floor: the highest GLIBC_x.y version it needs is at most GLIBC_2.17, and every
 #     symbol it needs that is not weak has a version (an unversioned one binds to whatever the
 #     host has, or fails the load: the plugin is linked with -z now);
-#   - size: cuda_plugin.so is under 1,000,000 bytes;
+#   - size: cuda_plugin.so is under 1,500,000 bytes (what a user feels is correctness, not
+#     100 KB: the plugin never replaces a well-kept crate with hand-written code to save bytes);
 #   - it exports (defines) CR_PLUGIN_DESC and CR_PLUGIN_OPTIONS_META, which CRIU and tools read;
 #   - it needs only glibc's libraries (no libcuda: the driver is dlopen()ed at run time);
 #   - it is stripped (no .symtab, no .debug_* sections), its .gnu_debuglink names
@@ -23,7 +24,7 @@ set -euo pipefail
 
 # The limits. Raise one only with a reason in the commit message.
 glibc_floor=2.17
-max_so_bytes=1000000
+max_so_bytes=1500000
 # The libraries the plugin may need: glibc's (x86_64 also names its loader, for
 # __tls_get_addr). libgcc_s is not among them: Zig links the unwinder statically.
 allowed_needed="libc.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libm.so.6 ld-linux-x86-64.so.2 ld-linux-aarch64.so.1"
