@@ -8,7 +8,7 @@
 //!
 //! The messages were first JSON (serde and serde_json), which added about 140 KB of code to a
 //! plugin that then had to ship under 1 MB (138 KB on x86_64, 126 KB on aarch64; the limit in
-//! `scripts/check-dist.sh` is 1.5 MB since, and a derive may replace this: issue 30),
+//! `scripts/check-dist.sh` is 1.5 MB now),
 //! for a protocol that is private between two copies of one `.so`: it needs no
 //! self-description, no schema evolution and no versioning across builds. So each type here
 //! writes and reads itself ([`Wire`]):
