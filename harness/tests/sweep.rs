@@ -23,7 +23,7 @@ const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 
 /// Cases at a time: they mostly wait (for timeouts, for the plugin's guardian, for tasks to
 /// stop), so more than the cores.
-const JOBS: usize = 2;
+const JOBS: usize = 4;
 
 fn fault_sweep_keeps_every_invariant() -> Result<(), Failed> {
     let art = Artifacts::for_tests(Path::new(HARNESS))?;
