@@ -20,7 +20,9 @@
 #                              not installed (CI sets this; a set CI variable does the same).
 #                              Passed through.
 #   CRIU_CUDA_CORPUS_IN_MAIN_JOB=1  harness/tests/scenarios.rs runs no scenario: the corpus runs
-#                              in scripts/main-job.sh instead (CI sets this). Passed through.
+#                              in scripts/main-job.sh instead (CI sets this). With
+#                              CRIU_CUDA_TEST_PLUGIN_SO set it runs the real-CRIU scenarios
+#                              alone, against that plugin. Passed through.
 #   extra arguments            passed to both `cargo test` runs (e.g. -- --nocapture)
 #
 # Environment exported to the tests:

@@ -12,7 +12,7 @@
 //! | `output-held`, `killed-during-lock` (utility) | see [`holes`] | see [`holes`] |
 //!
 //! The rest of what this test checked is pinned by the scenario corpus (`scenarios/`, `cargo
-//! test -p harness --test scenarios -- @criu-`), whose runner checks more of each run (every
+//! test -p harness --test scenarios -- '[criu]'`), whose runner checks more of each run (every
 //! task's state, CUDA state and data, nothing left behind, and the transcript's snapshot: every
 //! driver call and `cuda-checkpoint` run), on the hosts `criu-4.1` and `criu-4.2`, with the
 //! backends of the case:
