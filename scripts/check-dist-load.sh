@@ -13,11 +13,14 @@
 #          (otherwise reported as skipped, with the reason);
 #        - x86_64 also on the host's own glibc.
 #      The aarch64 plugin runs the same way under qemu-user's qemu-aarch64.
-#   2. real CRIU (x86_64, root): plugin/tests/real_criu.rs with CRIU_CUDA_TEST_PLUGIN_SO
-#      pointing at the tarball's .so, under Debian's CRIU 4.1.x and 4.2.x from
-#      scripts/fetch-criu.sh: CUDA process trees in a mock world dumped and restored through the
-#      driver-api and the cuda-checkpoint backends, and the failure cases (lock and checkpoint
-#      failures, timeouts, --leave-running, ...); all but the exec-counts measurements (~40 s).
+#   2. real CRIU (x86_64, root): the scenario corpus's real-CRIU variants
+#      (harness/tests/scenarios.rs, `-- '[criu]'`) and plugin/tests/real_criu.rs (what the corpus
+#      cannot express: CRIU killed mid-run, an unprivileged CRIU, ...), both with
+#      CRIU_CUDA_TEST_PLUGIN_SO pointing at the tarball's .so, under Debian's CRIU 4.1.x and
+#      4.2.x from scripts/fetch-criu.sh: CUDA process trees in a mock world dumped and restored
+#      through the driver-api and the cuda-checkpoint backends, and the failure cases (lock and
+#      checkpoint failures, timeouts, --leave-running, ...), each transcript checked against its
+#      snapshot (~2 min).
 #
 # Ends with one line per check and its result; exits 1 when one failed.
 #
@@ -223,23 +226,29 @@ elif [ -z "$x86_so" ]; then
 elif [ "$(id -u)" != 0 ]; then
     result "real CRIU dump and restore" "FAILED: needs root (or --skip-criu)"
 else
-    say "real CRIU: cargo test -p cuda-plugin --test real_criu -- --skip exec-counts, with CRIU_CUDA_TEST_PLUGIN_SO=$x86_so"
-    label="x86_64 under real CRIU: dump, restore and the failure cases of plugin/tests/real_criu.rs"
-    if CRIU_CUDA_TEST_PLUGIN_SO=$x86_so CRIU_CUDA_REQUIRE_CRIU=1 \
-        cargo test -p cuda-plugin --test real_criu -- --skip exec-counts >"$work/real-criu.log" 2>&1; then
+    say "real CRIU: cargo test -p harness --test scenarios -- '[criu]' and cargo test -p cuda-plugin --test real_criu, with CRIU_CUDA_TEST_PLUGIN_SO=$x86_so"
+    label="x86_64 under real CRIU: the corpus's real-CRIU scenarios and plugin/tests/real_criu.rs"
+    log=$work/real-criu-scenarios.log
+    if CRIU_CUDA_TEST_PLUGIN_SO=$x86_so CRIU_CUDA_REQUIRE_CRIU=1 INSTA_UPDATE=no \
+        cargo test -p harness --test scenarios -- '[criu]' >"$log" 2>&1 &&
+        log=$work/real-criu.log &&
+        CRIU_CUDA_TEST_PLUGIN_SO=$x86_so CRIU_CUDA_REQUIRE_CRIU=1 \
+            cargo test -p cuda-plugin --test real_criu >"$log" 2>&1; then
+        grep -E '^scenarios: the plugin|^test result' "$work/real-criu-scenarios.log" | sed 's/^/    /'
         grep -E '^real_criu: (CRIU|plugin)|^test result' "$work/real-criu.log" | sed 's/^/    /'
-        # The summary table: "<version> <backend> dump-restore ok ...", one row per trial.
-        rows=$(grep -E '^4\.[12]\.[0-9]+ +(driver-api|cuda-checkpoint) +dump-restore +ok ' "$work/real-criu.log" || true)
-        versions=$(awk '{print $1}' <<<"$rows" | sort -uV | paste -sd' ' -)
-        n=$(sed -n 's/^test result: ok\. \([0-9]*\) passed.*/\1/p' "$work/real-criu.log" | tail -n1)
+        # One line per scenario variant: "test [criu] criu/dump-and-restore@criu-4.1,driver-api ... ok".
+        rows=$(grep -E '^test \[criu\] +criu/dump-and-restore@criu-4\.[12],(driver-api|cuda-checkpoint) +\.\.\. ok' "$work/real-criu-scenarios.log" || true)
+        versions=$(grep -o 'criu-4\.[12]' <<<"$rows" | sort -uV | paste -sd' ' -)
+        n=$(sed -n 's/^test result: ok\. \([0-9]*\) passed.*/\1/p' "$work/real-criu-scenarios.log" | tail -n1)
+        t=$(sed -n 's/^test result: ok\. \([0-9]*\) passed.*/\1/p' "$work/real-criu.log" | tail -n1)
         if [ "$(grep -c . <<<"$rows")" = 4 ]; then
-            result "$label" "ok ($n trials; dump-restore under CRIU $versions with both backends)"
+            result "$label" "ok ($n scenarios and $t trials; criu/dump-and-restore under $versions with both backends)"
         else
-            result "$label" "FAILED: want 4 dump-restore rows (2 CRIU versions x 2 backends), got: $(tr '\n' ';' <<<"$rows") (log $work/real-criu.log)"
+            result "$label" "FAILED: want criu/dump-and-restore to pass on 2 CRIU versions x 2 backends, got: $(tr '\n' ';' <<<"$rows") (log $work/real-criu-scenarios.log)"
         fi
     else
-        tail -n 60 "$work/real-criu.log" | sed 's/^/    /'
-        result "$label" "FAILED (log $work/real-criu.log)"
+        tail -n 60 "$log" | sed 's/^/    /'
+        result "$label" "FAILED (log $log)"
     fi
 fi
 
