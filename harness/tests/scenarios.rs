@@ -13,11 +13,9 @@
 //! without it, from this test's own target directory, where cargo builds them once when one is
 //! missing or older than its sources. `CRIU_CUDA_TEST_PLUGIN_SO=PATH` tests that prebuilt build
 //! of this project's plugin (the released `.so`) in place of the built one, with every check
-//! and snapshot, as `plugin/tests/real_criu.rs` does.
+//! and snapshot (as everywhere the harness runs this project's plugin).
 //!
-//! `CRIU_CUDA_CORPUS_IN_MAIN_JOB=1` (CI's tests; the main job runs the corpus) runs no scenario,
-//! or, with `CRIU_CUDA_TEST_PLUGIN_SO` set, only those on a real CRIU, against that plugin: the
-//! real-CRIU cases the released plugin must pass.
+//! `CRIU_CUDA_CORPUS_IN_MAIN_JOB=1` (CI's tests) runs no scenario: the main job runs the corpus.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,27 +33,11 @@ fn corpus_dir() -> PathBuf {
     Path::new(MANIFEST).join("../scenarios")
 }
 
-/// A prebuilt build of this project's plugin to test instead of the built one.
-const TEST_PLUGIN_VAR: &str = "CRIU_CUDA_TEST_PLUGIN_SO";
-
-fn test_plugin() -> Option<PathBuf> {
-    std::env::var_os(TEST_PLUGIN_VAR).map(PathBuf::from)
-}
-
 fn artifacts() -> Result<&'static Artifacts, String> {
     static A: std::sync::OnceLock<Result<Artifacts, String>> = std::sync::OnceLock::new();
-    A.get_or_init(|| {
-        let mut a = Artifacts::for_tests(Path::new(HARNESS))?;
-        if let Some(so) = test_plugin() {
-            if !so.is_file() {
-                return Err(format!("{TEST_PLUGIN_VAR}={} is not a file", so.display()));
-            }
-            a.plugin = so;
-        }
-        Ok(a)
-    })
-    .as_ref()
-    .map_err(Clone::clone)
+    A.get_or_init(|| Artifacts::for_tests(Path::new(HARNESS)))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// One trial: [`runner::run_scenario`], the implementation `harness run` uses, judges the run;
@@ -104,26 +86,19 @@ fn run_trial(name: &str, path: &Path, opts: &CorpusOptions) -> Result<Completion
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     // CI runs the corpus once, in the main job (`harness run scenarios/`, which checks the same
-    // snapshots and fails on a missing one): `.ci/run` sets this for `scripts/test.sh`, with the
-    // released plugin in CRIU_CUDA_TEST_PLUGIN_SO, which goes through the real-CRIU scenarios here.
-    let main_job = std::env::var("CRIU_CUDA_CORPUS_IN_MAIN_JOB").is_ok_and(|v| v == "1");
-    let plugin = test_plugin();
-    if main_job && plugin.is_none() {
+    // snapshots and fails on a missing one): `.ci/run` sets this for `scripts/test.sh`.
+    if std::env::var("CRIU_CUDA_CORPUS_IN_MAIN_JOB").is_ok_and(|v| v == "1") {
         eprintln!(
             "scenarios: CRIU_CUDA_CORPUS_IN_MAIN_JOB=1: the corpus runs in the main job \
              (scripts/main-job.sh), not here"
         );
         return ExitCode::SUCCESS;
     }
-    if let Some(so) = &plugin {
+    if let Some(so) = std::env::var_os(runner::TEST_PLUGIN_VAR) {
         eprintln!(
-            "scenarios: the plugin under test is {} ({TEST_PLUGIN_VAR}){}",
-            so.display(),
-            if main_job {
-                "; CRIU_CUDA_CORPUS_IN_MAIN_JOB=1: only the scenarios on a real CRIU run here"
-            } else {
-                ""
-            }
+            "scenarios: the plugin under test is {} ({})",
+            Path::new(&so).display(),
+            runner::TEST_PLUGIN_VAR
         );
     }
     runner::become_subreaper();
@@ -149,9 +124,6 @@ fn main() -> ExitCode {
             }
         };
         let criu = s.host.engine == harness::scenario::EngineKind::Criu;
-        if main_job && !criu {
-            continue;
-        }
         let why = runner::needs_root(&s).or_else(|| {
             (criu && !run.require_criu && runner::find_criu(&s.host.profile, &art_dir).is_none())
                 .then(|| format!("no CRIU {} found", s.host.profile))

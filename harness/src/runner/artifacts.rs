@@ -57,12 +57,23 @@ fn newest_lib(profile: &Path, name: &str) -> PathBuf {
 /// nested `cargo build` ([`Artifacts::for_tests`]).
 pub const ARTIFACTS_VAR: &str = "CRIU_CUDA_ARTIFACTS";
 
+/// The variable naming a prebuilt `cuda_plugin.so` (the released one, say) that replaces the
+/// built plugin wherever the harness and the tests run this project's plugin: every scenario,
+/// the sweep, the kit's columns of it. `plugin/tests/real_criu.rs` reads it too (testkit).
+pub const TEST_PLUGIN_VAR: &str = "CRIU_CUDA_TEST_PLUGIN_SO";
+
+fn test_plugin() -> Option<PathBuf> {
+    std::env::var_os(TEST_PLUGIN_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 impl Artifacts {
     /// The artifacts of the profile directory `profile`, as they are.
     fn at(profile: &Path, harness: &Path) -> Self {
         Self {
             harness: harness.to_path_buf(),
-            plugin: newest_lib(profile, "libcuda_plugin.so"),
+            plugin: test_plugin().unwrap_or_else(|| newest_lib(profile, "libcuda_plugin.so")),
             mock_lib: newest_lib(profile, "libmock_libcuda.so"),
             mock_nvml: newest_lib(profile, "libmock_nvml.so"),
             mock_world: profile.join("mock-world"),
@@ -144,17 +155,19 @@ impl Artifacts {
         else {
             return false;
         };
-        [
-            &self.harness,
-            &self.plugin,
-            &self.mock_lib,
-            &self.mock_nvml,
-            &self.mock_world,
-            &self.mock_app,
-            &self.cuda_checkpoint,
-        ]
-        .into_iter()
-        .any(|p| mtime(p).is_none_or(|t| t < newest_source))
+        // A prebuilt plugin given in TEST_PLUGIN_VAR is tested as it is.
+        let built_plugin = test_plugin().is_none().then_some(&self.plugin);
+        [&self.harness]
+            .into_iter()
+            .chain(built_plugin)
+            .chain([
+                &self.mock_lib,
+                &self.mock_nvml,
+                &self.mock_world,
+                &self.mock_app,
+                &self.cuda_checkpoint,
+            ])
+            .any(|p| mtime(p).is_none_or(|t| t < newest_source))
     }
 
     fn missing(&self) -> Option<&Path> {

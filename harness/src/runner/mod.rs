@@ -51,7 +51,7 @@ pub mod pool;
 mod step;
 mod world;
 
-pub use artifacts::{find_criu, Artifacts, ARTIFACTS_VAR};
+pub use artifacts::{find_criu, Artifacts, ARTIFACTS_VAR, TEST_PLUGIN_VAR};
 pub use corpus::{
     collect, read_snapshot, run_corpus, run_rows, run_scenario, run_work, snapshot_name, work,
     CorpusOptions, Row,
