@@ -21,7 +21,8 @@
 #      under target/dist-tools, and the Rust standard library of each target (`rustup target
 #      add`; needs rustup's download server).
 #   2. `cargo zigbuild --locked --profile dist -p cuda-plugin --lib --target
-#      <arch>-unknown-linux-gnu.2.17`: Cargo.toml's `dist` profile (release with fat LTO, one
+#      <arch>-unknown-linux-gnu.2.17` (one run for every architecture, built side by side):
+#      Cargo.toml's `dist` profile (release with fat LTO, one
 #      codegen unit, full debug info, panic=unwind) linked by Zig against glibc 2.17's symbol
 #      versions, with a GNU build-id, and the Rust code's paths remapped (/criu-cuda, /cargo).
 #      Why 2.17: it is the oldest glibc the Rust standard library supports on Linux, and the
@@ -150,14 +151,19 @@ rustflags="${RUSTFLAGS:-} -C link-arg=-Wl,--build-id=sha1"
 rustflags+=" --remap-path-prefix=$repo=/criu-cuda --remap-path-prefix=$cargo_home=/cargo"
 
 mkdir -p "$out"
+# Every architecture in one cargo run: the fat-LTO links are mostly single-threaded, so the
+# architectures build side by side.
+targets=()
+for arch in "${arches[@]}"; do
+    targets+=(--target "$arch-unknown-linux-gnu.$floor")
+done
+say "building: cargo zigbuild --profile dist ${targets[*]}"
+RUSTFLAGS=$rustflags cargo zigbuild --locked --profile dist -p cuda-plugin --lib "${targets[@]}" ||
+    die "cargo zigbuild ${targets[*]} failed"
 tarballs=()
 for arch in "${arches[@]}"; do
     triple=$arch-unknown-linux-gnu
     name=criu-cuda-plugin-$version-$arch-linux-gnu
-    say "building $name: cargo zigbuild --profile dist --target $triple.$floor"
-    RUSTFLAGS=$rustflags cargo zigbuild --locked --profile dist -p cuda-plugin --lib \
-        --target "$triple.$floor" ||
-        die "cargo zigbuild for $triple.$floor failed"
     so=$target_dir/$triple/dist/libcuda_plugin.so
     [ -f "$so" ] || die "the build did not produce $so"
 
