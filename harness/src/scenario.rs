@@ -1158,6 +1158,42 @@ impl Scenario {
             })
     }
 
+    /// A rough measure of how long the scenario runs, to start the long ones first: modelled
+    /// GPU memory (its transfers take their time) counts most, then the CUDA tasks of each
+    /// CRIU step and the hung calls it waits out.
+    #[must_use]
+    pub fn cost_hint(&self) -> u64 {
+        let gib: f64 = self
+            .workload
+            .tasks
+            .iter()
+            .filter_map(|t| {
+                t.gib
+                    .map(|g| g * t.gpus.as_ref().map_or(1, Vec::len) as f64)
+            })
+            .sum();
+        let cuda = self.workload.tasks.iter().filter(|t| t.cuda).count() as u64;
+        let criu_steps = self
+            .steps
+            .iter()
+            .filter(|s| matches!(s.action, Action::Dump | Action::Restore | Action::PreDump))
+            .count() as u64;
+        let hangs = [self.world.as_ref()]
+            .into_iter()
+            .chain(self.steps.iter().map(|s| s.world.as_ref()))
+            .flatten()
+            .filter_map(|w| w.get("fault")?.as_array().cloned())
+            .flatten()
+            .filter(|f| {
+                f.get("action")
+                    .and_then(|a| a.get("kind"))
+                    .and_then(toml::Value::as_str)
+                    .is_some_and(|k| matches!(k, "hang" | "delay"))
+            })
+            .count() as u64;
+        (gib as u64) * 10 + cuda * criu_steps + hangs * 20
+    }
+
     /// Whether the plugin directory holds the CUDA plugin (the plugin under test).
     #[must_use]
     pub fn uses_cuda_plugin(&self) -> bool {

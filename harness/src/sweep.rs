@@ -956,7 +956,17 @@ pub fn run_all(
     jobs: usize,
     progress: &(dyn Fn(&CaseResult) + Sync),
 ) -> Vec<CaseResult> {
-    crate::runner::pool::run(cases.to_vec(), jobs, |c| run_case(&c, art), progress)
+    // The slow cases (delays, hangs) first, so that none starts last and holds the sweep up.
+    let mut order: Vec<(usize, Case)> = cases.iter().copied().enumerate().collect();
+    order.sort_by_key(|(_, c)| !is_slow(c));
+    let mut results = crate::runner::pool::run(
+        order,
+        jobs,
+        |(i, c)| (i, run_case(&c, art)),
+        |(_, r)| progress(r),
+    );
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 /// The check column: `ok`, `xfail: why`, or `VIOLATION: ...`.

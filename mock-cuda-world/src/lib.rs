@@ -208,16 +208,13 @@ impl World {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&timeouts, e)),
             _ => {}
         }
-        let image = std::fs::read(mock_so).map_err(|e| io(mock_so, e))?;
         let hidden: Vec<&str> = DRIVER_SYMBOLS
             .iter()
             .copied()
             .filter(|s| !config.driver.exports(s))
             .collect();
-        let patched = elf::hide_dynamic_symbols(&image, &hidden)
-            .map_err(|e| WorldError::Library(format!("{}: {e}", mock_so.display())))?;
         let lib = dir.join("lib").join("libcuda.so.1");
-        write_atomic(&lib, &patched)?;
+        install_patched(mock_so, &hidden, false, &lib)?;
         // A fresh world has NVML only once `install_nvml` puts it there.
         let nvml = dir.join("lib").join(NVML_LIB);
         match std::fs::remove_file(&nvml) {
@@ -250,10 +247,12 @@ impl World {
             let so = mock_so.ok_or_else(|| {
                 WorldError::Library("the new config hides other symbols: the mock library is needed to rebuild lib/libcuda.so.1".into())
             })?;
-            let image = std::fs::read(so).map_err(|e| WorldError::io(so, e))?;
-            let patched = elf::hide_dynamic_symbols(&image, &hidden(config))
-                .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
-            write_atomic(&dir.join("lib").join("libcuda.so.1"), &patched)?;
+            install_patched(
+                so,
+                &hidden(config),
+                false,
+                &dir.join("lib").join("libcuda.so.1"),
+            )?;
         }
         write_atomic(&cfg_path, text.as_bytes())?;
         World::open(dir)
@@ -277,17 +276,7 @@ impl World {
                 lib.display()
             ))
         })?;
-        let image = std::fs::read(so).map_err(|e| WorldError::io(so, e))?;
-        let exported = elf::exported_names(&image)
-            .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
-        let driver: Vec<&str> = DRIVER_SYMBOLS
-            .iter()
-            .copied()
-            .filter(|s| exported.iter().any(|e| e == s))
-            .collect();
-        let patched = elf::hide_dynamic_symbols(&image, &driver)
-            .map_err(|e| WorldError::Library(format!("{}: {e}", so.display())))?;
-        write_atomic(&lib, &patched)
+        install_patched(so, DRIVER_SYMBOLS, true, &lib)
     }
 
     /// The world directory.
@@ -383,8 +372,132 @@ fn random_salt() -> u32 {
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
 /// partial file.
+/// Puts at `dest` a copy of the library `src` with the dynamic symbols `hidden` hidden
+/// ([`elf::hide_dynamic_symbols`]), replacing what was there. A name `src` does not export is
+/// an error, or with `skip_absent` left alone.
+///
+/// The copy is hard-linked from a cache beside `src` (`.mock-world-libs/`, one file per
+/// source and set of hidden names, keyed by the source's path, inode, size and modification
+/// time): every world made from one build shares one copy on disk instead of writing tens of
+/// MB each (debug builds of the stand-ins are 25-30 MB). A new build of `src` is a new key; the
+/// cached copies are files of their own, so rebuilding `src` never changes a world's library.
+/// Where the cache cannot be written or linked (another filesystem, a read-only build
+/// directory), the copy is written at `dest` directly.
+///
+/// # Errors
+/// `src` cannot be read or is not an ELF library, or `dest` cannot be written.
+pub fn install_patched(
+    src: &Path,
+    hidden: &[&str],
+    skip_absent: bool,
+    dest: &Path,
+) -> Result<(), WorldError> {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(src).map_err(|e| WorldError::io(src, e))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        src.canonicalize().unwrap_or_else(|_| src.to_path_buf()),
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        hidden,
+        skip_absent,
+    )
+        .hash(&mut h);
+    let patch = || -> Result<Vec<u8>, WorldError> {
+        let bad = |e: elf::ElfError| WorldError::Library(format!("{}: {e}", src.display()));
+        let image = std::fs::read(src).map_err(|e| WorldError::io(src, e))?;
+        let exported = if skip_absent {
+            elf::exported_names(&image).map_err(bad)?
+        } else {
+            Vec::new()
+        };
+        let names: Vec<&str> = hidden
+            .iter()
+            .copied()
+            .filter(|h| !skip_absent || exported.iter().any(|e| e == h))
+            .collect();
+        elf::hide_dynamic_symbols(&image, &names).map_err(bad)
+    };
+    let cached = src.parent().map(|d| {
+        d.join(".mock-world-libs").join(format!(
+            "{}.{:016x}",
+            src.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            h.finish()
+        ))
+    });
+    if let Some(c) = cached {
+        let ready = c.exists()
+            || (|| {
+                let dir = c.parent()?;
+                std::fs::create_dir_all(dir).ok()?;
+                write_atomic(&c, &patch().ok()?).ok()
+            })()
+            .is_some();
+        // Linked under a temporary name, then renamed over `dest`: a reader sees the old file
+        // or the new one.
+        let tmp = dest.with_extension(format!("link.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        if ready && std::fs::hard_link(&c, &tmp).is_ok() {
+            return std::fs::rename(&tmp, dest).map_err(|e| WorldError::io(dest, e));
+        }
+    }
+    write_atomic(dest, &patch()?)
+}
+
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WorldError> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, bytes).map_err(|e| WorldError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| WorldError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn patched_libraries_are_shared_through_a_cache_and_follow_a_rebuild() {
+        let tmp = tempfile::tempdir().unwrap();
+        let build = tmp.path().join("build");
+        std::fs::create_dir(&build).unwrap();
+        // Any ELF stands in for a built library: the test executable.
+        let src = build.join("libstand-in.so");
+        std::fs::copy("/proc/self/exe", &src).unwrap();
+        let (a, b, c) = (
+            tmp.path().join("a.so"),
+            tmp.path().join("b.so"),
+            tmp.path().join("c.so"),
+        );
+        let hidden = ["cuNoSuchSymbol"];
+        install_patched(&src, &hidden, true, &a).unwrap();
+        install_patched(&src, &hidden, true, &b).unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(ino(&a), ino(&b), "one copy on disk for one build");
+        assert_ne!(ino(&a), ino(&src), "the copy is not the build's own file");
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&src).unwrap());
+        // A name the library lacks is an error unless it may be absent.
+        assert!(install_patched(&src, &hidden, false, &c).is_err());
+        // A rebuild is another key: worlds made before keep their copy.
+        std::fs::write(&src, std::fs::read("/proc/self/exe").unwrap()).unwrap();
+        let t = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&src)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        install_patched(&src, &hidden, true, &c).unwrap();
+        assert_ne!(ino(&c), ino(&a));
+        // Without a usable cache the copy is written in place.
+        std::fs::remove_dir_all(build.join(".mock-world-libs")).unwrap();
+        std::fs::write(build.join(".mock-world-libs"), "not a directory").unwrap();
+        let d = tmp.path().join("d.so");
+        install_patched(&src, &hidden, true, &d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().nlink(), 1);
+        assert_eq!(std::fs::read(&d).unwrap(), std::fs::read(&src).unwrap());
+    }
 }

@@ -189,17 +189,31 @@ pub fn run_work(
             "scenario", "host", "backend", "result", "time"
         );
     }
-    let rows = pool::run(
-        work,
+    // The likely longest first, so that none of them starts last and holds the run up; the
+    // rows come back in file order.
+    let mut order: Vec<(usize, (String, PathBuf, PathBuf))> =
+        work.into_iter().enumerate().collect();
+    order.sort_by_cached_key(|(_, (name, path, _))| {
+        std::cmp::Reverse(
+            Scenario::load_variant(path, crate::scenario::matrix::split_name(name).1)
+                .map_or(0, |s| s.cost_hint()),
+        )
+    });
+    let mut rows = pool::run(
+        order,
         opts.jobs,
-        |(name, path, snaps)| run_scenario(&name, &path, &snaps, art, opts),
-        |row| {
+        |(i, (name, path, snaps))| (i, run_scenario(&name, &path, &snaps, art, opts)),
+        |(_, row)| {
             if opts.print_rows {
                 print_row(row);
             }
         },
     );
-    (rows, started.elapsed())
+    rows.sort_by_key(|(i, _)| *i);
+    (
+        rows.into_iter().map(|(_, r)| r).collect(),
+        started.elapsed(),
+    )
 }
 
 /// Runs every scenario under `paths` (see [`run_rows`]) and prints the table and the summary

@@ -94,8 +94,13 @@ impl Exec<'_> {
                         || crate::kit::plugin_file(self.s, self.put, self.art),
                         |x| self.art.workspace.join(x),
                     );
-                    std::fs::copy(&so, lib.join(file))
-                        .map_err(|e| format!("copy {}: {e}", so.display()))?;
+                    // Hard-linked where it can be (the plugin is read, never written: a debug
+                    // build is 18 MB, and every scenario installs one), else copied.
+                    let dest = lib.join(file);
+                    if std::fs::hard_link(&so, &dest).is_err() {
+                        std::fs::copy(&so, &dest)
+                            .map_err(|e| format!("copy {}: {e}", so.display()))?;
+                    }
                 }
                 PluginKind::Test => {
                     let name = p.name.as_deref().unwrap_or("tp");
