@@ -10,7 +10,7 @@
 //!
 //! It needs root (the container-shaped cases start trees in new pid and mount namespaces): run
 //! by another user it is listed as ignored, with the reason. `CRIU_CUDA_SWEEP_JOBS` sets how
-//! many cases run at a time (default [`JOBS`]).
+//! many cases run at a time (default: `harness::runner::default_jobs`, twice the cores).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -20,10 +20,6 @@ use harness::sweep;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
-
-/// Cases at a time: they mostly wait (for timeouts, for the plugin's guardian, for tasks to
-/// stop), so more than the cores.
-const JOBS: usize = 4;
 
 fn fault_sweep_keeps_every_invariant() -> Result<(), Failed> {
     let art = Artifacts::for_tests(Path::new(HARNESS))?;
@@ -36,7 +32,7 @@ fn fault_sweep_keeps_every_invariant() -> Result<(), Failed> {
     let jobs = std::env::var("CRIU_CUDA_SWEEP_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())
-        .unwrap_or(JOBS);
+        .unwrap_or_else(runner::default_jobs);
     let started = std::time::Instant::now();
     let results = sweep::run_all(&cases, &art, jobs, &|r| {
         if sweep::is_failure(r) {

@@ -64,8 +64,8 @@ fn main() -> ExitCode {
     after_help = "The CUDA plugin under test defaults to this project's, with every capability it has."
 )]
 struct RunArgs {
-    /// Scenarios at a time.
-    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = 2)]
+    /// Scenarios at a time (default: twice the cores, 2 to 8; they mostly wait).
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = runner::default_jobs())]
     jobs: usize,
     /// Also write JUnit XML: one test suite per scenario, one test case per step.
     #[arg(long, value_name = "FILE")]
@@ -216,7 +216,7 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
 /// `harness conformance [--out FILE | --check FILE] [--ours-from FILE] [-j N] [PATH...]`.
 fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
     use harness::conformance;
-    let mut jobs = 2;
+    let mut jobs = runner::default_jobs();
     let mut out: Option<PathBuf> = None;
     let mut check: Option<PathBuf> = None;
     let mut ours_from: Option<PathBuf> = None;
@@ -309,6 +309,15 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
     for c in 2..columns.len() {
         todo.extend(work.iter().map(|w| (c, w.clone())));
     }
+    // The likely longest first (as `harness run` orders them).
+    todo.sort_by_cached_key(|(c, (name, path, _))| {
+        let cost = harness::scenario::Scenario::load_variant(
+            path,
+            harness::scenario::matrix::split_name(name).1,
+        )
+        .map_or(0, |s| s.cost_hint());
+        (std::cmp::Reverse(cost), *c)
+    });
     let per_column: Vec<runner::CorpusOptions> =
         columns.iter().map(|c| options(&c.plugin)).collect();
     let pool_started = std::time::Instant::now();
@@ -405,8 +414,8 @@ struct SweepArgs {
     /// Add the slow faults (delays and hangs) everywhere.
     #[arg(long)]
     full: bool,
-    /// Cases at a time.
-    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = 2)]
+    /// Cases at a time (default: twice the cores, 2 to 8; they mostly wait).
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = runner::default_jobs())]
     jobs: usize,
     /// Only the cases whose key (`call|fault|phase|task|host|tree|mode`) contains FILTER.
     #[arg(long, value_name = "FILTER")]

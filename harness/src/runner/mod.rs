@@ -136,6 +136,16 @@ pub struct RunOptions {
     pub require_criu: bool,
 }
 
+/// How many scenarios run at a time by default: twice the cores, at least 2 and at most 8. A
+/// scenario mostly waits (for its tree to start and stop, for timeouts, for the plugin's
+/// guardian), so more run well beside each other than there are cores.
+#[must_use]
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .clamp(2, 8)
+}
+
 /// Makes this process a child subreaper, so that the orphans of a workload tree (its children
 /// after a real CRIU dump killed it, a `cuda-checkpoint` a plugin left behind) become its
 /// children and can be reaped by pid. Call once before running scenarios.
