@@ -3,8 +3,8 @@
 //! arguments. Each engine is a separate executable because the host symbols a plugin can see are
 //! fixed at link time.
 //!
-//! `harness run [-j N] [PATH...]` runs the scenario corpus instead (default `scenarios/`, two at a
-//! time) and prints a table: scenario, host, backend, result, time. `--plugin PATH` runs it
+//! `harness run [-j N] [PATH...]` runs the scenario corpus instead (default `scenarios/`, twice
+//! the cores at a time) and prints a table: scenario, host, backend, result, time. `--plugin PATH` runs it
 //! against another CUDA plugin (`harness run --help`: its settings), `--junit FILE` also writes
 //! JUnit XML.
 //!
