@@ -4,9 +4,9 @@
 //! fixed at link time.
 //!
 //! `harness run [-j N] [PATH...]` runs the scenario corpus instead (default `scenarios/`, twice
-//! the cores at a time) and prints a table: scenario, host, backend, result, time. `--plugin PATH` runs it
-//! against another CUDA plugin (`harness run --help`: its settings), `--junit FILE` also writes
-//! JUnit XML.
+//! the cores at a time) and prints a table: scenario, host, backend, result, time. `--plugin
+//! PATH` runs it against another CUDA plugin (`harness run --help`: its settings), `--junit
+//! FILE` also writes JUnit XML.
 //!
 //! `harness conformance [--out FILE | --check FILE] [--ours-from FILE] [-j N]` builds the table
 //! of the corpus against this project's plugin (one column per backend, from one run of the
