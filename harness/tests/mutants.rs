@@ -18,12 +18,12 @@ const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 /// Scenarios whose verdict depends on the rollback (a failed or `--leave-running` dump must
 /// put every task back).
 const ROLLBACK_PINNED: &[&str] = &[
-    "cuda/rollback/driver-api/checkpoint-failure-restores-and-unlocks-the-others",
+    "cuda/rollback/driver-api/checkpoint-failure-restores-and-unlocks-the-others@emulated-pr3076",
     "cuda/rollback/driver-api/checkpoint-error-after-state-change-is-rolled-back",
     "cuda/rollback/dump-late-failure-of-another-plugin-rolls-back@driver-api",
     "cuda/rollback/driver-api/rollback-on-4.1-host",
     "cuda/rollback/driver-api/rollback-runs-in-exit-without-dump-finish",
-    "cuda/rollback/cuda-checkpoint/checkpoint-failure-restores-and-unlocks-the-others",
+    "cuda/rollback/cuda-checkpoint/checkpoint-failure-restores-and-unlocks-the-others@emulated-pr3076",
     "cuda/rollback/cuda-checkpoint/checkpoint-error-after-state-change-is-rolled-back",
     "cuda/leave-running/leaves-every-task-running-and-unlocked@driver-api",
     "cuda/leave-running/leaves-every-task-running-and-unlocked@cuda-checkpoint",
