@@ -439,8 +439,7 @@ pub fn install_patched(
             .is_some();
         // Linked under a temporary name, then renamed over `dest`: a reader sees the old file
         // or the new one.
-        let tmp = dest.with_extension(format!("link.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
+        let tmp = unique_beside(dest, "link");
         if ready && std::fs::hard_link(&c, &tmp).is_ok() {
             return std::fs::rename(&tmp, dest).map_err(|e| WorldError::io(dest, e));
         }
@@ -449,9 +448,20 @@ pub fn install_patched(
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WorldError> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let tmp = unique_beside(path, "tmp");
     std::fs::write(&tmp, bytes).map_err(|e| WorldError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| WorldError::io(path, e))
+}
+
+/// A name beside `path` that no other writer uses at the same time: its file name with `.KIND.`,
+/// this process's id and a number of this process's own appended (so that two threads, or two
+/// files of one stem, never share it).
+fn unique_beside(path: &Path, kind: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{kind}.{}.{n}", std::process::id()));
+    path.with_file_name(name)
 }
 
 #[cfg(test)]
@@ -499,5 +509,56 @@ mod tests {
         install_patched(&src, &hidden, true, &d).unwrap();
         assert_eq!(std::fs::metadata(&d).unwrap().nlink(), 1);
         assert_eq!(std::fs::read(&d).unwrap(), std::fs::read(&src).unwrap());
+    }
+
+    /// Worlds made at once from one library with other hidden names (tests run in threads)
+    /// each get their own copy: no two writers share a temporary file.
+    #[test]
+    fn worlds_made_at_once_get_each_their_own_patched_library() {
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/aarch64-linux-gnu/libc.so.6",
+            "/lib64/libc.so.6",
+        ]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists());
+        let Some(libc) = libc else {
+            eprintln!("note: no libc.so.6 found to patch; nothing to check");
+            return;
+        };
+        // A few rounds, each with a cold cache: the writers race only while it fills.
+        for _ in 0..4 {
+            at_once(libc);
+        }
+    }
+
+    fn at_once(libc: &Path) {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("libc.so.6");
+        std::fs::copy(libc, &src).unwrap();
+        let sets: [&[&str]; 2] = [&["puts"], &["printf"]];
+        std::thread::scope(|sc| {
+            for i in 0..16 {
+                let (src, dir) = (&src, tmp.path());
+                sc.spawn(move || {
+                    let dest = dir.join(format!("world{i}.so"));
+                    install_patched(src, sets[i % 2], false, &dest).unwrap();
+                });
+            }
+        });
+        for i in 0..16 {
+            let names = elf::exported_names(
+                &std::fs::read(tmp.path().join(format!("world{i}.so"))).unwrap(),
+            )
+            .unwrap();
+            let (gone, kept) = if i % 2 == 0 {
+                ("puts", "printf")
+            } else {
+                ("printf", "puts")
+            };
+            assert!(!names.iter().any(|n| n == gone), "world {i} exports {gone}");
+            assert!(names.iter().any(|n| n == kept), "world {i} lacks {kept}");
+        }
     }
 }
