@@ -295,7 +295,7 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
             rows.iter().map(conformance::Cell::from).collect()
         }
     };
-    let ([mut da, mut cc], rerun) =
+    let ([da, cc], rerun) =
         conformance::our_columns(&ours, &scenarios, [&columns[0], &columns[1]], &art)
             .map_err(anyhow::Error::msg)?;
     // What still runs, in one pool (so that one column's slowest scenarios do not leave the
@@ -332,9 +332,8 @@ fn run_conformance(args: &[OsString]) -> Result<ExitCode> {
         },
         |_| {},
     );
-    let mut runs: Vec<Vec<conformance::Cell>> = vec![Vec::new(); columns.len()];
-    runs[0] = std::mem::take(&mut da);
-    runs[1] = std::mem::take(&mut cc);
+    let mut runs: Vec<Vec<conformance::Cell>> = vec![da, cc];
+    runs.resize(columns.len(), Vec::new());
     for (c, row) in &rows {
         runs[*c].push(conformance::Cell::from(row));
     }

@@ -414,7 +414,7 @@ impl Exec<'_> {
         let mut t = self.s.world.clone().unwrap_or_default();
         t.remove("fault");
         let t = self.complete_world(t, false)?;
-        self.configure_world(&self.dir.join("world-clear.toml"), &t)
+        self.configure_world(&t)
     }
 
     /// A fault-free `cuda-checkpoint --action ACTION --pid PID` in the world.

@@ -1,13 +1,17 @@
-//! The scenario executor: runs one `scenarios/**/*.toml` file against real processes and reports
-//! whether the expected outcome happened, with a normalised transcript for snapshots.
+//! The scenario executor, the one every scenario runs on (the corpus, a variant of a file with a
+//! `[matrix]`, a fault sweep case): runs it against real processes and reports whether the
+//! expected outcome happened, or, for a scenario with `[invariants]`, whether the plugin's
+//! invariants held after its last step ([`InvariantReport`]), with a normalised transcript for
+//! snapshots.
 //!
-//! Per scenario: a temporary directory with a mock CUDA world (`mock-world init`, faults naming
-//! tasks installed with `mock-world configure` once the workload runs), a plugin directory
-//! (`cuda_plugin.so`, test plugins compiled from `tests/support/testplugin.c`), the workload
-//! tree (one `mock-cuda-app` per task, each started by its parent's shell before it `exec`s, in
-//! its own session), and the steps, each a `harness` engine process or a real `criu`, or done by
-//! the harness itself: `mock-world configure` (the world becomes another host), removing or
-//! rewriting an image (a file of the image directory, or an entry of the stream file).
+//! Per scenario: a temporary directory with a mock CUDA world (made and reconfigured in-process
+//! with `mock_cuda_world::client`, as `mock-world init`/`configure` would; faults naming tasks
+//! installed once the workload runs), a plugin directory (`cuda_plugin.so`, hard-linked where it
+//! can be; test plugins compiled from `tests/support/testplugin.c`), the workload tree (one
+//! `mock-cuda-app` per task, each started by its parent's shell before it `exec`s, in its own
+//! session), and the steps, each a `harness` engine process or a real `criu`, or done by the
+//! harness itself: a new world config (the world becomes another host), removing or rewriting an
+//! image (a file of the image directory, or an entry of the stream file).
 //!
 //! The transcript of each step holds the engine's hook trace, the mock driver's call trace
 //! (calls of the engine/CRIU process and of `cuda-checkpoint` runs; the workload's own calls are

@@ -15,7 +15,7 @@ impl Exec<'_> {
                     t.insert(k.clone(), v.clone());
                 }
                 let t = self.complete_world(t, true)?;
-                self.configure_world(&self.dir.join(format!("world-step{i}.toml")), &t)?;
+                self.configure_world(&t)?;
                 detail.push_str("-- world\n");
                 for (k, v) in &given {
                     match (k.as_str(), v) {

@@ -40,9 +40,7 @@ impl Exec<'_> {
 
     pub(super) fn init_world(&mut self) -> Result<(), String> {
         let w = self.dir.join("world");
-        let cfg = self.dir.join("world.toml");
         let t = self.world_table(false)?;
-        std::fs::write(&cfg, t.to_string()).map_err(|e| e.to_string())?;
         MockWorld::init(&w, &t, &self.art.mock_lib, Some(&self.art.mock_nvml))
             .map_err(|e| e.to_string())?;
         let bin = self.dir.join("bin");
@@ -56,9 +54,9 @@ impl Exec<'_> {
         Ok(())
     }
 
-    pub(super) fn configure_world(&self, cfg: &Path, t: &toml::Table) -> Result<(), String> {
+    /// Gives the world the config `t` (the world keeps it as its own `world.toml`).
+    pub(super) fn configure_world(&self, t: &toml::Table) -> Result<(), String> {
         let w = self.world.clone().ok_or("no mock world")?;
-        std::fs::write(cfg, t.to_string()).map_err(|e| e.to_string())?;
         MockWorld::open(&w)
             .map(|m| m.with_libs(Some(&self.art.mock_lib), Some(&self.art.mock_nvml)))
             .and_then(|m| m.configure(t))
@@ -77,9 +75,8 @@ impl Exec<'_> {
         {
             return Ok(());
         }
-        let cfg = self.dir.join("world-faults.toml");
         let t = self.world_table(true)?;
-        self.configure_world(&cfg, &t)
+        self.configure_world(&t)
     }
 
     pub(super) fn install_plugins(&mut self, lib: &Path) -> Result<(), String> {
