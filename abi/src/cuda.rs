@@ -225,22 +225,65 @@ pub struct CUcheckpointLockArgs {
     pub reserved1: [u64; 7],
 }
 
-/// `CUcheckpointCheckpointArgs` in the 12.8 … 13.3 spelling: 64 reserved bytes. (13.4 carves a
-/// custom-storage pointer out of the first eight; zero keeps the classic behaviour.)
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+/// `CUstream`: an opaque pointer.
+pub type CUstream = *mut std::ffi::c_void;
+
+/// `CUcheckpointOperationHandle` (CUDA 13.4): an opaque pointer naming one open custom-storage
+/// operation, given to `cuCheckpointOperationComplete`.
+pub type CUcheckpointOperationHandle = *mut std::ffi::c_void;
+
+/// `CUcheckpointCustomStoragePerDeviceData` (CUDA 13.4): one GPU's share of a custom-storage
+/// operation, in the *caller's* context on that GPU: the target's memory mapped at `dev_ptr`
+/// (`size` bytes), to be copied on `stream`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(C)]
-pub struct CUcheckpointCheckpointArgs {
-    pub reserved: [u64; 8],
+pub struct CUcheckpointCustomStoragePerDeviceData {
+    pub dev_ptr: CUdeviceptr,
+    pub size: usize,
+    pub stream: CUstream,
 }
 
-/// `CUcheckpointRestoreArgs` in the 13.0+ spelling. On 12.8/12.9 drivers all 64 bytes are
-/// reserved, so `gpu_pairs` must stay NULL there.
+/// `CUcheckpointCustomStorageInfo` (CUDA 13.4): what the driver hands back through
+/// `customStorageInfo_out`. The driver allocates and fills it; it stays valid until
+/// `cuCheckpointOperationComplete(handle)`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(C)]
+pub struct CUcheckpointCustomStorageInfo {
+    pub handle: CUcheckpointOperationHandle,
+    pub per_device_data: *mut CUcheckpointCustomStoragePerDeviceData,
+    pub device_count: u32,
+}
+
+/// `CUcheckpointCheckpointArgs` in the 13.4 spelling. Before 13.4 all 64 bytes are reserved;
+/// a NULL `custom_storage_info_out` keeps the classic checkpoint to host memory, so a zeroed
+/// struct means the same on every driver.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(C)]
+pub struct CUcheckpointCheckpointArgs {
+    pub custom_storage_info_out: *mut *mut CUcheckpointCustomStorageInfo,
+    pub reserved: [u8; 56],
+}
+
+impl Default for CUcheckpointCheckpointArgs {
+    fn default() -> Self {
+        Self {
+            custom_storage_info_out: std::ptr::null_mut(),
+            reserved: [0; 56],
+        }
+    }
+}
+
+/// `CUcheckpointRestoreArgs` in the 13.4 spelling. On 12.8/12.9 drivers all 64 bytes are
+/// reserved, so `gpu_pairs` must stay NULL there; before 13.4 `custom_storage_info_out` (and
+/// `padding0`) are reserved bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(C)]
 pub struct CUcheckpointRestoreArgs {
     pub gpu_pairs: *mut CUcheckpointGpuPair,
     pub gpu_pairs_count: u32,
-    pub reserved: [u8; 52],
+    pub padding0: u32,
+    pub custom_storage_info_out: *mut *mut CUcheckpointCustomStorageInfo,
+    pub reserved: [u8; 40],
 }
 
 impl Default for CUcheckpointRestoreArgs {
@@ -248,7 +291,9 @@ impl Default for CUcheckpointRestoreArgs {
         Self {
             gpu_pairs: std::ptr::null_mut(),
             gpu_pairs_count: 0,
-            reserved: [0; 52],
+            padding0: 0,
+            custom_storage_info_out: std::ptr::null_mut(),
+            reserved: [0; 40],
         }
     }
 }
@@ -284,6 +329,10 @@ pub const CHECKPOINT_CLI_MIN_DRIVER_VERSION: i32 = 12040;
 pub const CHECKPOINT_API_MIN_DRIVER_VERSION: i32 = 12080;
 /// Oldest driver whose restore arguments carry GPU pairs (CUDA 13.0, r580).
 pub const GPU_PAIRS_MIN_DRIVER_VERSION: i32 = 13000;
+/// Oldest driver with custom storage (`customStorageInfo_out`, `cuCheckpointOperationComplete`,
+/// the CHECKPOINTING and RESTORING states): CUDA 13.4. Callers probe it with
+/// `cuGetProcAddress("cuCheckpointOperationComplete", 13040)`.
+pub const CUSTOM_STORAGE_MIN_DRIVER_VERSION: i32 = 13040;
 
 /// The checkpoint CLI export table as the utility reads it: the table size, six unused slots,
 /// then the command-line entry point at byte offset 0x38.
@@ -318,7 +367,19 @@ const _: () = {
     assert!(align_of::<CUcheckpointRestoreArgs>() == 8);
     assert!(offset_of!(CUcheckpointRestoreArgs, gpu_pairs) == 0);
     assert!(offset_of!(CUcheckpointRestoreArgs, gpu_pairs_count) == 8);
-    assert!(offset_of!(CUcheckpointRestoreArgs, reserved) == 12);
+    assert!(offset_of!(CUcheckpointRestoreArgs, padding0) == 12);
+    assert!(offset_of!(CUcheckpointRestoreArgs, custom_storage_info_out) == 16);
+    assert!(offset_of!(CUcheckpointRestoreArgs, reserved) == 24);
+    assert!(offset_of!(CUcheckpointCheckpointArgs, custom_storage_info_out) == 0);
+    assert!(offset_of!(CUcheckpointCheckpointArgs, reserved) == 8);
+    assert!(size_of::<CUcheckpointCustomStoragePerDeviceData>() == 24);
+    assert!(offset_of!(CUcheckpointCustomStoragePerDeviceData, dev_ptr) == 0);
+    assert!(offset_of!(CUcheckpointCustomStoragePerDeviceData, size) == 8);
+    assert!(offset_of!(CUcheckpointCustomStoragePerDeviceData, stream) == 16);
+    assert!(size_of::<CUcheckpointCustomStorageInfo>() == 24);
+    assert!(offset_of!(CUcheckpointCustomStorageInfo, handle) == 0);
+    assert!(offset_of!(CUcheckpointCustomStorageInfo, per_device_data) == 8);
+    assert!(offset_of!(CUcheckpointCustomStorageInfo, device_count) == 16);
     assert!(size_of::<CUcheckpointUnlockArgs>() == 64);
     assert!(align_of::<CUcheckpointUnlockArgs>() == 8);
     assert!(size_of::<CheckpointCliExportTable>() == 64);
@@ -327,36 +388,40 @@ const _: () = {
 
 /// Byte view of an argument struct, for "reserved bytes must be zero" checks.
 pub trait ReservedBytes {
-    /// True when every reserved byte is zero. `pairs_honoured` says whether the driver reads the
-    /// GPU-pair fields of restore arguments (CUDA 13.0+); below that they are reserved too.
-    fn reserved_clear(&self, pairs_honoured: bool) -> bool;
+    /// True when every byte that a driver of CUDA `version` (`cuDriverGetVersion`) treats as
+    /// reserved is zero: the GPU pairs of restore arguments are read from 13.0
+    /// ([`GPU_PAIRS_MIN_DRIVER_VERSION`]), the custom-storage pointers from 13.4
+    /// ([`CUSTOM_STORAGE_MIN_DRIVER_VERSION`]); below those they are reserved too.
+    fn reserved_clear(&self, version: i32) -> bool;
 }
 
 impl ReservedBytes for CUcheckpointLockArgs {
-    fn reserved_clear(&self, _: bool) -> bool {
+    fn reserved_clear(&self, _: i32) -> bool {
         self.reserved0 == 0 && self.reserved1.iter().all(|&w| w == 0)
     }
 }
 
 impl ReservedBytes for CUcheckpointCheckpointArgs {
-    fn reserved_clear(&self, _: bool) -> bool {
-        self.reserved.iter().all(|&w| w == 0)
+    fn reserved_clear(&self, version: i32) -> bool {
+        self.reserved.iter().all(|&b| b == 0)
+            && (version >= CUSTOM_STORAGE_MIN_DRIVER_VERSION
+                || self.custom_storage_info_out.is_null())
     }
 }
 
 impl ReservedBytes for CUcheckpointRestoreArgs {
-    fn reserved_clear(&self, pairs_honoured: bool) -> bool {
-        let tail = self.reserved.iter().all(|&b| b == 0);
-        if pairs_honoured {
-            tail
-        } else {
-            tail && self.gpu_pairs.is_null() && self.gpu_pairs_count == 0
-        }
+    fn reserved_clear(&self, version: i32) -> bool {
+        let tail = self.reserved.iter().all(|&b| b == 0) && self.padding0 == 0;
+        let pairs = version >= GPU_PAIRS_MIN_DRIVER_VERSION
+            || (self.gpu_pairs.is_null() && self.gpu_pairs_count == 0);
+        let custom = version >= CUSTOM_STORAGE_MIN_DRIVER_VERSION
+            || self.custom_storage_info_out.is_null();
+        tail && pairs && custom
     }
 }
 
 impl ReservedBytes for CUcheckpointUnlockArgs {
-    fn reserved_clear(&self, _: bool) -> bool {
+    fn reserved_clear(&self, _: i32) -> bool {
         self.reserved.iter().all(|&w| w == 0)
     }
 }
@@ -401,19 +466,40 @@ mod tests {
     #[test]
     fn reserved_bytes_are_checked() {
         let mut l = CUcheckpointLockArgs::default();
-        assert!(l.reserved_clear(true));
+        assert!(l.reserved_clear(13000));
         l.reserved1[6] = 1;
-        assert!(!l.reserved_clear(true));
+        assert!(!l.reserved_clear(13000));
         let mut pair = CUcheckpointGpuPair::default();
         let r = CUcheckpointRestoreArgs {
             gpu_pairs: &mut pair,
             gpu_pairs_count: 1,
             ..Default::default()
         };
-        assert!(r.reserved_clear(true));
+        assert!(r.reserved_clear(13000));
         assert!(
-            !r.reserved_clear(false),
+            !r.reserved_clear(12090),
             "pairs are reserved bytes before CUDA 13.0"
         );
+        let mut info: *mut CUcheckpointCustomStorageInfo = std::ptr::null_mut();
+        let c = CUcheckpointCheckpointArgs {
+            custom_storage_info_out: &mut info,
+            ..Default::default()
+        };
+        assert!(c.reserved_clear(13040));
+        assert!(
+            !c.reserved_clear(13030),
+            "the custom-storage pointer is a reserved byte before CUDA 13.4"
+        );
+        let r = CUcheckpointRestoreArgs {
+            custom_storage_info_out: &mut info,
+            ..Default::default()
+        };
+        assert!(r.reserved_clear(13040));
+        assert!(!r.reserved_clear(13030));
+        let r = CUcheckpointRestoreArgs {
+            padding0: 1,
+            ..Default::default()
+        };
+        assert!(!r.reserved_clear(13040), "padding0 must stay zero");
     }
 }

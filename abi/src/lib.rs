@@ -17,7 +17,9 @@ pub mod nvml;
 pub mod uuid;
 
 pub use cuda::{
-    CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
-    CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid,
+    CUcheckpointCheckpointArgs, CUcheckpointCustomStorageInfo,
+    CUcheckpointCustomStoragePerDeviceData, CUcheckpointGpuPair, CUcheckpointLockArgs,
+    CUcheckpointOperationHandle, CUcheckpointRestoreArgs, CUcheckpointUnlockArgs, CUprocessState,
+    CUresult, CUstream, CUuuid,
 };
 pub use uuid::{GpuUuid, UuidParseError};

@@ -61,8 +61,14 @@ unsafe fn get_args<T: Default>(args: *const T) -> T {
     }
 }
 
+/// The CUDA version the world's driver reports (0 without a world: every optional field is then
+/// a reserved byte).
+fn world_cuda_version() -> i32 {
+    driver::world().map_or(0, |w| w.config().driver.cuda_version())
+}
+
 fn pairs_honoured() -> bool {
-    driver::world().is_ok_and(|w| w.config().driver.cuda_version() >= GPU_PAIRS_MIN_DRIVER_VERSION)
+    world_cuda_version() >= GPU_PAIRS_MIN_DRIVER_VERSION
 }
 
 /// Records a call rejected for its arguments and returns INVALID_VALUE.
@@ -484,7 +490,7 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(
     guard("cuCheckpointProcessLock", || {
         // SAFETY: NULL or a valid CUcheckpointLockArgs (API contract).
         let a = unsafe { get_args(args.cast_const()) };
-        if !a.reserved_clear(true) {
+        if !a.reserved_clear(world_cuda_version()) {
             return reject("cuCheckpointProcessLock", pid, "reserved bytes set");
         }
         driver::lock(pid, a.timeout_ms)
@@ -500,7 +506,7 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
     guard("cuCheckpointProcessCheckpoint", || {
         // SAFETY: NULL or a valid CUcheckpointCheckpointArgs (API contract).
         let a = unsafe { get_args(args.cast_const()) };
-        if !a.reserved_clear(true) {
+        if !a.reserved_clear(world_cuda_version()) {
             return reject("cuCheckpointProcessCheckpoint", pid, "reserved bytes set");
         }
         driver::checkpoint(pid)
@@ -517,7 +523,7 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
         // SAFETY: NULL or a valid CUcheckpointRestoreArgs (API contract).
         let a = unsafe { get_args(args.cast_const()) };
         let honoured = pairs_honoured();
-        if !a.reserved_clear(honoured) {
+        if !a.reserved_clear(world_cuda_version()) {
             return reject("cuCheckpointProcessRestore", pid, "reserved bytes set");
         }
         let mut pairs = Vec::new();
@@ -550,7 +556,7 @@ pub unsafe extern "C" fn cuCheckpointProcessUnlock(
     guard("cuCheckpointProcessUnlock", || {
         // SAFETY: NULL or a valid CUcheckpointUnlockArgs (API contract).
         let a = unsafe { get_args(args.cast_const()) };
-        if !a.reserved_clear(true) {
+        if !a.reserved_clear(world_cuda_version()) {
             return reject("cuCheckpointProcessUnlock", pid, "reserved bytes set");
         }
         driver::unlock(pid)
