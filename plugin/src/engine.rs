@@ -1015,6 +1015,7 @@ impl Engine {
             initial_state: rec.initial,
             gpu_bytes,
             checkpoint_ms,
+            custom: self.backend.custom_written(pid),
         };
         self.host
             .write_task_image(key, &image.encode())
@@ -1499,6 +1500,9 @@ impl Engine {
             );
             return Ok(Err(Outcome::Handled));
         }
+        if let Some(custom) = record.as_ref().and_then(|r| r.custom.clone()) {
+            self.backend.set_custom_recorded(pid, custom);
+        }
         let bytes = record.as_ref().and_then(TaskImage::total_bytes);
         let deadline = self.copy_deadline(step, pid, bytes);
         Ok(Ok(ResumePlan {
@@ -1721,6 +1725,11 @@ fn copy_deadline(
     d
 }
 
+/// How long [`drive`] waits for a task with an open custom-storage operation (CHECKPOINTING,
+/// RESTORING) to leave it: the driver aborts the operation when the copier that opened it
+/// exits (the mock's model, see `docs/custom-storage.md`), which the plugin has made happen.
+pub const OPEN_OPERATION_WAIT: Duration = Duration::from_secs(10);
+
 /// How [`drive`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Driven {
@@ -1751,6 +1760,7 @@ pub fn drive(
     steps: &mut Vec<&'static str>,
 ) -> Result<Driven, DriveError> {
     let mut state = backend.get_state(pid).map_err(DriveError::Backend)?;
+    let mut waited = false;
     loop {
         match (state, target) {
             (s, t) if s == t => return Ok(Driven::Reached),
@@ -1768,6 +1778,21 @@ pub fn drive(
             }
             (CUprocessState::RUNNING | CUprocessState::LOCKED, _) => {
                 return Ok(Driven::LessAdvanced(state))
+            }
+            (CUprocessState::CHECKPOINTING | CUprocessState::RESTORING, _) if !waited => {
+                // A custom-storage operation is open: its copier failed (or was killed) and
+                // the driver aborts what the copier had open once it has exited. Wait for that,
+                // bounded, then act on the state it leaves.
+                waited = true;
+                let until = std::time::Instant::now() + OPEN_OPERATION_WAIT;
+                while matches!(
+                    state,
+                    CUprocessState::CHECKPOINTING | CUprocessState::RESTORING
+                ) && std::time::Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                    state = backend.get_state(pid).map_err(DriveError::Backend)?;
+                }
             }
             (state, _) => return Err(DriveError::BadState(state)),
         }

@@ -59,6 +59,10 @@ pub enum PluginError {
         free: u64,
         others: usize,
     },
+    /// `custom-storage=` cannot be honoured (or an image made with custom storage cannot be
+    /// restored here); refused at `init`, before any task is touched.
+    #[error("custom storage: {0}")]
+    CustomStorage(String),
 }
 
 fn backend_errno(e: &BackendError) -> i32 {
@@ -70,6 +74,7 @@ fn backend_errno(e: &BackendError) -> i32 {
         BackendError::Cuda { .. }
         | BackendError::Exit { .. }
         | BackendError::BadOutput { .. }
+        | BackendError::CustomStorage { .. }
         | BackendError::Unsupported { .. } => libc::EIO,
     }
 }
@@ -103,6 +108,7 @@ impl PluginError {
             | PluginError::TaskImage { .. }
             | PluginError::TaskImageMissing { .. } => libc::EINVAL,
             PluginError::GpuTooSmall { .. } => libc::ENOMEM,
+            PluginError::CustomStorage(_) => libc::ENOTSUP,
             PluginError::Engine(e) => match e {
                 EngineError::Backend { cause, .. } => backend_errno(cause),
                 EngineError::Thread { cause, .. } => thread_errno(cause),

@@ -111,6 +111,13 @@ pub trait Criu: Send {
     fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError>;
     /// CRIU's freeze alarm now.
     fn freeze_alarm(&self) -> FreezeAlarm;
+    /// Opens the image file `name` for reading in place, as a regular file (`None`: there is
+    /// none). The custom-storage files are checked through it at restore's `init`. Hosts that
+    /// cannot (tests' fakes) say so.
+    fn open_image_file(&mut self, name: &str) -> Result<Option<std::fs::File>, HostError> {
+        let _ = name;
+        Err(HostError::Missing("an image directory to open files in"))
+    }
     /// Reads the per-task image of `pid`; `None` when there is none.
     fn read_task_image(&mut self, pid: Pid) -> Result<Option<Vec<u8>>, HostError> {
         self.read_image(&crate::image::file_name(pid), crate::image::MAX_TASK_IMAGE)

@@ -30,6 +30,16 @@
 //! checkpoint_ms 14512
 //! ```
 //!
+//! A dump made with custom storage ([`crate::cstore`]) adds the dump's id, the pid its files
+//! are named by (the task's pid in CRIU's view at dump), and one line per custom-storage file
+//! of the task, in file order (`cuda-cs-<pid>-<n>.img`, `n` from 0): the GPU's UUID at dump
+//! and its bytes.
+//!
+//! ```text
+//! custom_storage 6b1f0c2e9d8a4f7e8c1d2b3a4f5e6d7c 1234
+//! cs_gpu GPU-8932f937-d72c-4106-c12f-20bd9faed9f6 85899345920
+//! ```
+//!
 //! `gpu` lines (one per GPU the task had memory on, from NVML at dump) and `checkpoint_ms` (how
 //! long its checkpoint took) are optional: a restore checks the target GPUs' free memory
 //! against them, sizes its deadline by them and reports the restore's time next to the
@@ -106,6 +116,36 @@ pub struct TaskImage {
     pub gpu_bytes: Vec<(abi::GpuUuid, u64)>,
     /// How long the checkpoint took, when this plugin did it.
     pub checkpoint_ms: Option<u64>,
+    /// Where its GPU memory went, when the dump used custom storage.
+    pub custom: Option<CustomRecord>,
+}
+
+/// A task checkpointed with custom storage: the dump's id (every file's header must carry it)
+/// and its files' GPUs, in file order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomRecord {
+    pub dump_id: [u8; 16],
+    /// The pid the files are named by.
+    pub file_pid: Pid,
+    /// `(GPU at dump, bytes)` of `cuda-cs-<pid>-<n>.img`, `n` the index.
+    pub gpus: Vec<(abi::GpuUuid, u64)>,
+}
+
+/// The lowercase hex of a dump id.
+#[must_use]
+pub fn dump_id_hex(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_dump_id(v: &str) -> Option<[u8; 16]> {
+    if v.len() != 32 || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&v[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(id)
 }
 
 impl TaskImage {
@@ -118,6 +158,7 @@ impl TaskImage {
             initial_state,
             gpu_bytes: Vec::new(),
             checkpoint_ms: None,
+            custom: None,
         }
     }
 
@@ -163,6 +204,16 @@ impl TaskImage {
         if let Some(ms) = self.checkpoint_ms {
             s.push_str(&format!("checkpoint_ms {ms}\n"));
         }
+        if let Some(c) = &self.custom {
+            s.push_str(&format!(
+                "custom_storage {} {}\n",
+                dump_id_hex(&c.dump_id),
+                c.file_pid
+            ));
+            for (uuid, bytes) in &c.gpus {
+                s.push_str(&format!("cs_gpu {uuid} {bytes}\n"));
+            }
+        }
         s.into_bytes()
     }
 
@@ -179,6 +230,8 @@ impl TaskImage {
         let (mut pid, mut tid, mut state) = (None, None, None);
         let mut gpu_bytes = Vec::new();
         let mut checkpoint_ms = None;
+        let mut dump_id = None;
+        let mut cs_gpus = Vec::new();
         for line in lines.filter(|l| !l.trim().is_empty()) {
             let (k, v) = line
                 .split_once(' ')
@@ -211,6 +264,26 @@ impl TaskImage {
                     gpu_bytes.push((uuid, bytes));
                 }
                 "checkpoint_ms" => checkpoint_ms = Some(v.parse::<u64>().map_err(|_| bad())?),
+                "custom_storage" => {
+                    if dump_id.is_some() {
+                        return Err(bad());
+                    }
+                    let (id, p) = v.split_once(' ').ok_or_else(bad)?;
+                    let p: Pid = p.parse().map_err(|_| bad())?;
+                    if p <= 0 {
+                        return Err(bad());
+                    }
+                    dump_id = Some((parse_dump_id(id).ok_or_else(bad)?, p));
+                }
+                "cs_gpu" => {
+                    let (u, b) = v.split_once(' ').ok_or_else(bad)?;
+                    let uuid = abi::GpuUuid::parse(u).map_err(|_| bad())?;
+                    let bytes: u64 = b.parse().map_err(|_| bad())?;
+                    if cs_gpus.iter().any(|(g, _)| *g == uuid) {
+                        return Err(bad());
+                    }
+                    cs_gpus.push((uuid, bytes));
+                }
                 _ => {}
             }
         }
@@ -220,6 +293,15 @@ impl TaskImage {
             initial_state: state.ok_or(ImageError::Missing("initial_state"))?,
             gpu_bytes,
             checkpoint_ms,
+            custom: match (dump_id, cs_gpus.is_empty()) {
+                (Some((dump_id, file_pid)), _) => Some(CustomRecord {
+                    dump_id,
+                    file_pid,
+                    gpus: cs_gpus,
+                }),
+                (None, true) => None,
+                (None, false) => return Err(ImageError::Missing("custom_storage")),
+            },
         };
         if img.pid != expected {
             return Err(ImageError::Pid {
@@ -316,6 +398,36 @@ mod tests {
     }
 
     #[test]
+    fn custom_storage_records_round_trip_and_are_checked() {
+        let mut t = TaskImage::new(5, 6, CUprocessState::RUNNING);
+        t.custom = Some(CustomRecord {
+            dump_id: [0xab; 16],
+            file_pid: 99,
+            gpus: vec![(abi::GpuUuid([1; 16]), 4096), (abi::GpuUuid([2; 16]), 0)],
+        });
+        let text = String::from_utf8(t.encode()).unwrap();
+        assert!(text.contains(&format!("custom_storage {} 99\n", "ab".repeat(16))));
+        assert_eq!(TaskImage::decode(text.as_bytes(), 5), Ok(t));
+        let head = format!("{MAGIC}\npid 5\nrestore_tid 6\ninitial_state running\n");
+        let gpu = "cs_gpu GPU-01010101-0101-0101-0101-010101010101 1";
+        assert_eq!(
+            TaskImage::decode(format!("{head}{gpu}\n").as_bytes(), 5),
+            Err(ImageError::Missing("custom_storage")),
+            "files without the dump id they belong to"
+        );
+        for bad in [
+            "custom_storage abc 5",
+            "custom_storage 000102030405060708090a0b0c0d0e0f",
+            "custom_storage 000102030405060708090a0b0c0d0e0f 0",
+            "custom_storage zz0102030405060708090a0b0c0d0e0f 5",
+            "custom_storage 000102030405060708090a0b0c0d0e0f 5\ncustom_storage 000102030405060708090a0b0c0d0e0f 5",
+            "custom_storage 000102030405060708090a0b0c0d0e0f 5\ncs_gpu GPU-01010101-0101-0101-0101-010101010101 1\ncs_gpu GPU-01010101-0101-0101-0101-010101010101 2",
+        ] {
+            assert!(TaskImage::decode(format!("{head}{bad}\n").as_bytes(), 5).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn task_list_round_trip_and_rejections() {
         let l = TaskList {
             pids: vec![5, 77, 1234],
@@ -345,11 +457,17 @@ mod tests {
             st in 0u32..3,
             gpus in proptest::collection::btree_map(any::<[u8; 16]>(), any::<u64>(), 0..4),
             ms in proptest::option::of(any::<u64>()),
+            custom in proptest::option::of((any::<[u8; 16]>(), proptest::collection::btree_map(any::<[u8; 16]>(), any::<u64>(), 0..4))),
         ) {
             let st = [CUprocessState::RUNNING, CUprocessState::LOCKED, CUprocessState::CHECKPOINTED][st as usize];
             let mut t = TaskImage::new(pid, tid, st);
             t.gpu_bytes = gpus.into_iter().map(|(u, b)| (abi::GpuUuid(u), b)).collect();
             t.checkpoint_ms = ms;
+            t.custom = custom.map(|(dump_id, g)| CustomRecord {
+                dump_id,
+                file_pid: pid,
+                gpus: g.into_iter().map(|(u, b)| (abi::GpuUuid(u), b)).collect(),
+            });
             prop_assert_eq!(TaskImage::decode(&t.encode(), pid), Ok(t));
         }
 

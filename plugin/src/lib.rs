@@ -49,6 +49,7 @@
 pub mod agent;
 pub mod backend;
 pub mod config;
+pub mod cstore;
 pub mod engine;
 pub mod env;
 pub mod error;

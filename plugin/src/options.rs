@@ -167,6 +167,49 @@ impl Parallel {
     }
 }
 
+/// `custom-storage=auto|on|off`: whether a dump moves GPU memory straight into the image through
+/// CUDA 13.4's custom storage (see `docs/custom-storage.md` and [`crate::cstore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CustomStorage {
+    /// `auto`, or nothing given: on wherever it can work (the driver API with the helper, on a
+    /// 13.4+ driver); a restore follows the image.
+    #[default]
+    Auto,
+    /// `on`: refused at `init` where it cannot work.
+    On,
+    /// `off`: host staging; an image made with custom storage is refused at restore.
+    Off,
+}
+
+impl CustomStorage {
+    const ALLOWED: &'static str = "auto, on, off";
+
+    fn parse(v: &str) -> Option<Self> {
+        match v {
+            "auto" => Some(CustomStorage::Auto),
+            "on" => Some(CustomStorage::On),
+            "off" => Some(CustomStorage::Off),
+            _ => None,
+        }
+    }
+
+    /// The option's value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CustomStorage::Auto => "auto",
+            CustomStorage::On => "on",
+            CustomStorage::Off => "off",
+        }
+    }
+}
+
+impl fmt::Display for CustomStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `timeout=SECONDS`: absent means "follow CRIU's `--timeout`, else 10 s".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeoutOption {
@@ -199,6 +242,8 @@ pub struct Options {
     pub no_guardian: bool,
     /// `parallel=` (default: one task at a time).
     pub parallel: Parallel,
+    /// `custom-storage=` (default auto).
+    pub custom_storage: CustomStorage,
 }
 
 /// A copy rate in GB/s, as given (kept as text so that rendering round-trips).
@@ -310,6 +355,10 @@ impl Options {
             Parallel::Width(n) => out.push(format!("{NAMESPACE}.parallel={n}")),
             Parallel::Unset => {}
         }
+        out.push(format!(
+            "{NAMESPACE}.custom-storage={}",
+            self.custom_storage
+        ));
         out
     }
 }
@@ -319,7 +368,7 @@ impl Options {
 pub enum OptionError {
     #[error(
         "unknown option {NAMESPACE}.{} (known: backend, device-map, timeout, cuda-checkpoint, \
-         on-restore-failure, check-capacity, min-copy-rate, guardian, parallel)",
+         on-restore-failure, check-capacity, min-copy-rate, guardian, parallel, custom-storage)",
         crate::message::quote(name)
     )]
     Unknown { name: String },
@@ -349,7 +398,7 @@ pub struct OptionDoc {
 }
 
 /// Every option, for tools that list plugin options without loading the plugin's `init`.
-pub const DOCS: [OptionDoc; 9] = [
+pub const DOCS: [OptionDoc; 10] = [
     OptionDoc {
         name: c"backend",
         value_syntax: c"auto|driver-api|cuda-checkpoint",
@@ -397,6 +446,12 @@ pub const DOCS: [OptionDoc; 9] = [
         value_syntax: c"on|off",
         default_value: Some(c"on"),
         help: c"a helper process, started at init, runs the driver calls (CRIU stays single-threaded) and, if CRIU dies mid-operation, puts every CUDA task it touched back in its dump-start state (log: cuda-plugin-guardian.log in the image directory); off: driver calls run on threads inside CRIU and nothing guards the tasks",
+    },
+    OptionDoc {
+        name: c"custom-storage",
+        value_syntax: c"auto|on|off",
+        default_value: Some(c"auto"),
+        help: c"move GPU memory straight into the image directory (cuda-cs-PID-N.img, checksummed, uniform chunks not written) through CUDA 13.4 custom storage, copied by a helper process per GPU and task in parallel, instead of staging it in each task's host memory for CRIU to dump as pages; auto: where the driver API runs with the guardian on a 13.4+ driver; on: refuse at init where it cannot work; off: host staging (a custom-storage image is then refused at restore)",
     },
     OptionDoc {
         name: c"parallel",
@@ -564,6 +619,11 @@ fn parse_dyn(args: &mut dyn Iterator<Item = &str>) -> Result<Options, OptionErro
                 let v = need(Parallel::ALLOWED)?;
                 o.parallel = Parallel::parse(v).ok_or_else(|| invalid(Parallel::ALLOWED, v))?;
             }
+            "custom-storage" => {
+                let v = need(CustomStorage::ALLOWED)?;
+                o.custom_storage =
+                    CustomStorage::parse(v).ok_or_else(|| invalid(CustomStorage::ALLOWED, v))?;
+            }
             "guardian" => {
                 let v = need(ONOFF_ALLOWED)?;
                 o.no_guardian = match v {
@@ -616,9 +676,14 @@ pub(crate) mod tests_support {
                 Just(Parallel::Auto),
                 (1u32..=Parallel::MAX).prop_map(Parallel::Width)
             ],
+            prop_oneof![
+                Just(CustomStorage::Auto),
+                Just(CustomStorage::On),
+                Just(CustomStorage::Off)
+            ],
         )
             .prop_map(
-                |(backend, device_map, timeout, cc, orf, skip, rate, no_guardian, parallel)| {
+                |(backend, device_map, timeout, cc, orf, skip, rate, no_guardian, parallel, cs)| {
                     Options {
                         backend,
                         device_map,
@@ -629,6 +694,7 @@ pub(crate) mod tests_support {
                         min_copy_rate: rate.map(CopyRate),
                         no_guardian,
                         parallel,
+                        custom_storage: cs,
                     }
                 },
             )
@@ -918,7 +984,7 @@ mod tests {
             } else {
                 collect(None, Some(&run.join(" ")), Some(&f)).unwrap()
             };
-            // `to_strings` always names these four, and the others only when set.
+            // `to_strings` always names these five, and the others only when set.
             let want = Options {
                 backend: b.backend,
                 device_map: b.device_map.clone().or(a.device_map.clone()),
@@ -929,6 +995,7 @@ mod tests {
                 min_copy_rate: b.min_copy_rate.clone().or(a.min_copy_rate.clone()),
                 no_guardian: b.no_guardian,
                 parallel: if b.parallel == Parallel::Unset { a.parallel } else { b.parallel },
+                custom_storage: b.custom_storage,
             };
             prop_assert_eq!(got, want);
             prop_assert_eq!(src.file, Some(PathBuf::from("/x/cuda_plugin.conf")));

@@ -29,6 +29,8 @@ pub enum Selected {
         driver: crate::backend::driver::DriverHandle,
         version: i32,
         init: Option<CUresult>,
+        /// The driver has custom storage (CUDA 13.4).
+        custom_storage: bool,
     },
     Cli {
         program: PathBuf,
@@ -117,10 +119,12 @@ pub fn select(
             driver,
             version,
             init,
+            custom_storage,
         } => Ok(Ok(Selected::Driver {
             driver,
             version,
             init,
+            custom_storage,
         })),
         DriverProbe::Unsupported(r) => Ok(Err(r)),
         DriverProbe::Error(r) => Err(SelectError::DriverProbe(r)),

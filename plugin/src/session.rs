@@ -58,6 +58,8 @@ pub struct InitContext {
     pub final_state: Option<i32>,
     /// The host only logs a failed RESUME_DEVICES_LATE (it has no DUMP_FINISH: CRIU 4.1, 4.2).
     pub late_errors_ignored: bool,
+    /// CRIU runs with its image streamer (`--stream`).
+    pub streaming: bool,
 }
 
 /// How `init` probes the backends, on top of what it asks of its [`Host`] (the same seam the
@@ -90,8 +92,17 @@ pub struct Plan {
     pub selected: Selected,
     pub cfg: EngineConfig,
     pub options: Options,
+    /// Custom storage, when this dump or restore uses it.
+    pub custom: Option<CustomPlan>,
     /// Lines for the init log.
     pub notes: Vec<String>,
+}
+
+/// A dump or restore that moves GPU memory through custom storage ([`crate::cstore`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomPlan {
+    /// The dump's id (a restore: the dump's, checked against every file).
+    pub dump_id: [u8; 16],
 }
 
 /// The decision.
@@ -257,9 +268,18 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
                 .to_owned(),
         );
     }
+    let custom = custom_storage(
+        ctx,
+        &options,
+        &selected,
+        restore_tasks.as_ref(),
+        svc,
+        &mut notes,
+    )?;
     Ok(Start::Enabled(Box::new(Plan {
         stage: ctx.stage,
         selected,
+        custom,
         cfg: EngineConfig {
             timeout,
             criu_timeout: ctx.criu_timeout,
@@ -278,6 +298,123 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
         options,
         notes,
     })))
+}
+
+/// Decides whether this dump or restore uses custom storage (`custom-storage=`, see
+/// `docs/custom-storage.md`), refusing before any task is touched where it is asked for and
+/// cannot work. A restore whose image has custom-storage files checks every file's header and
+/// frames here ([`crate::cstore::pipeline::verify_file`]): a missing, stale, truncated or
+/// damaged file refuses the restore, naming it.
+fn custom_storage(
+    ctx: &InitContext,
+    options: &Options,
+    selected: &Selected,
+    restore_tasks: Option<&BTreeMap<Pid, TaskImage>>,
+    svc: &mut dyn InitServices,
+    notes: &mut Vec<String>,
+) -> Result<Option<CustomPlan>, PluginError> {
+    use crate::options::CustomStorage;
+    let mode = options.custom_storage;
+    // Why it cannot work here, if it cannot.
+    let blocker = match selected {
+        Selected::Cli { .. } => Some("the cuda-checkpoint backend has no custom storage".to_owned()),
+        Selected::Driver {
+            custom_storage: false,
+            version,
+            ..
+        } => Some(format!(
+            "the driver (CUDA {}.{}) has no custom storage: it needs CUDA 13.4 (cuCheckpointOperationComplete)",
+            version / 1000,
+            version % 1000 / 10
+        )),
+        Selected::Driver { .. } if options.no_guardian => Some(
+            "guardian=off: custom storage copies in a helper process, which guardian=off rules out"
+                .to_owned(),
+        ),
+        Selected::Driver { .. } if ctx.streaming => Some(
+            "CRIU's image streamer (--stream) takes one stream, and custom storage writes files in parallel"
+                .to_owned(),
+        ),
+        Selected::Driver { .. } => None,
+    };
+    if ctx.stage == Stage::RESTORE {
+        let records: Vec<(Pid, crate::image::CustomRecord)> = restore_tasks
+            .into_iter()
+            .flatten()
+            .filter_map(|(p, t)| t.custom.clone().map(|c| (*p, c)))
+            .collect();
+        let Some((_, first)) = records.first() else {
+            if mode == CustomStorage::On {
+                return Err(PluginError::CustomStorage(
+                    "custom-storage=on, but this image was dumped without custom storage".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        if mode == CustomStorage::Off {
+            return Err(PluginError::CustomStorage(format!(
+                "custom-storage=off, but this image keeps {} task(s)' GPU memory in custom-storage files",
+                records.len()
+            )));
+        }
+        if let Some(why) = blocker {
+            return Err(PluginError::CustomStorage(format!(
+                "this image keeps {} task(s)' GPU memory in custom-storage files, and {why}",
+                records.len()
+            )));
+        }
+        let dump_id = first.dump_id;
+        let mut files = 0usize;
+        let mut bytes = 0u64;
+        for (pid, rec) in &records {
+            for (n, (uuid, size)) in rec.gpus.iter().enumerate() {
+                let name = crate::cstore::format::file_name(rec.file_pid, n);
+                let file = svc
+                    .open_image_file(&name)
+                    .map_err(|e| PluginError::CustomStorage(format!("task {pid}: {e}")))?
+                    .ok_or_else(|| {
+                        PluginError::CustomStorage(format!("task {pid}: {name} is missing"))
+                    })?;
+                let expected = crate::cstore::format::Expected {
+                    dump_id: rec.dump_id,
+                    pid: rec.file_pid,
+                    uuid: uuid.0,
+                    place: u32::try_from(n).unwrap_or(u32::MAX),
+                    size: *size,
+                };
+                crate::cstore::pipeline::verify_file(&file, &expected)
+                    .map_err(|e| PluginError::CustomStorage(format!("task {pid}: {name}: {e}")))?;
+                files += 1;
+                bytes += size;
+            }
+        }
+        notes.push(format!(
+            "custom storage: {files} file(s), {} of GPU memory, checked (headers and frames)",
+            crate::nvml::gib(bytes)
+        ));
+        return Ok(Some(CustomPlan { dump_id }));
+    }
+    match (mode, blocker) {
+        (CustomStorage::Off, _) => {
+            notes.push("custom storage: off (custom-storage=off); GPU memory is staged in host memory".into());
+            Ok(None)
+        }
+        (CustomStorage::On, Some(why)) => Err(PluginError::CustomStorage(format!(
+            "custom-storage=on cannot be honoured: {why}"
+        ))),
+        (CustomStorage::Auto, Some(why)) => {
+            notes.push(format!("custom storage: not used ({why}); GPU memory is staged in host memory"));
+            Ok(None)
+        }
+        (_, None) => {
+            let dump_id = crate::cstore::client::new_dump_id().map_err(PluginError::CustomStorage)?;
+            notes.push(format!(
+                "custom storage: on (dump {}): GPU memory goes straight to cuda-cs-*.img",
+                crate::image::dump_id_hex(&dump_id)
+            ));
+            Ok(Some(CustomPlan { dump_id }))
+        }
+    }
 }
 
 /// Reads the dump's GPU inventory and resolves the device map against this host's GPUs, before
@@ -407,22 +544,28 @@ fn check_gpu_room(
     Ok(())
 }
 
-/// Builds the selected backend; driver calls run on `worker`.
+/// Builds the selected backend; driver calls run on `worker`. With `custom`, the driver-API
+/// backend moves GPU memory through custom storage.
 #[must_use]
 pub fn build_backend(
     selected: Selected,
     timeout: Option<Duration>,
     worker: Worker,
+    custom: Option<crate::cstore::client::CustomPath>,
 ) -> Box<dyn Backend> {
+    let with_custom = |d: DriverApi| match custom {
+        Some(c) => d.with_custom_storage(c),
+        None => d,
+    };
     match selected {
         Selected::Driver {
             driver: DriverHandle::Local(driver),
             ..
-        } => Box::new(DriverApi::new(driver, timeout, worker)),
+        } => Box::new(with_custom(DriverApi::new(driver, timeout, worker))),
         Selected::Driver {
             driver: DriverHandle::Exec(exec),
             ..
-        } => Box::new(DriverApi::with_exec(exec, timeout)),
+        } => Box::new(with_custom(DriverApi::with_exec(exec, timeout))),
         Selected::Cli {
             program,
             device_map,
@@ -568,6 +711,7 @@ mod tests {
     fn ctx(stage: Stage) -> InitContext {
         InitContext {
             late_errors_ignored: true,
+            streaming: false,
             stage,
             host_options: None,
             env: Environment::default(),

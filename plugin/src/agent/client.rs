@@ -209,7 +209,7 @@ impl Link {
 
     /// [`Link::wait`] with the deadline counted from `started` (when the call was submitted),
     /// for calls of a batch that were waited for one after another.
-    fn wait_since(
+    pub(crate) fn wait_since(
         &self,
         id: Ticket,
         what: &str,

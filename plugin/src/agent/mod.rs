@@ -94,13 +94,16 @@ impl Access {
             };
         };
         match link.call(what, proto::Call::Probe { call_init }, limit) {
-            Ok(proto::Reply::Probe(proto::ProbeReply::Supported { version, init })) => {
-                DriverProbe::Supported {
-                    driver: DriverHandle::Exec(std::sync::Arc::clone(link) as _),
-                    version,
-                    init: init.map(abi::CUresult),
-                }
-            }
+            Ok(proto::Reply::Probe(proto::ProbeReply::Supported {
+                version,
+                init,
+                custom_storage,
+            })) => DriverProbe::Supported {
+                driver: DriverHandle::Exec(std::sync::Arc::clone(link) as _),
+                version,
+                init: init.map(abi::CUresult),
+                custom_storage,
+            },
             Ok(proto::Reply::Probe(proto::ProbeReply::Unsupported(why))) => {
                 DriverProbe::Unsupported(why)
             }

@@ -68,6 +68,42 @@ pub enum Call {
     Gpus,
     /// NVML's view of the GPUs' memory.
     Nvml,
+    /// A custom-storage checkpoint or restore (the copier's work, see [`crate::cstore`]).
+    Custom(CustomJob),
+}
+
+/// One task's custom-storage operation, as the copier carries it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomJob {
+    /// Checkpoint (true) or restore (false).
+    pub checkpoint: bool,
+    /// The task's pid now.
+    pub pid: Pid,
+    /// The task's pid as the image names it (file names, headers).
+    pub key: Pid,
+    /// The dump's id, in every file's header.
+    pub dump_id: [u8; 16],
+    /// Restore: GPU pairs (old UUID, new UUID); empty: every GPU maps to itself.
+    pub pairs: Vec<([u8; 16], [u8; 16])>,
+    /// Restore: the task's files in order (GPU at dump, bytes), from its task image.
+    pub files: Vec<([u8; 16], u64)>,
+}
+
+/// One GPU of a finished custom-storage operation, in file order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomGpu {
+    /// The GPU at dump (the file's).
+    pub uuid: [u8; 16],
+    /// Device bytes moved.
+    pub bytes: u64,
+    /// Bytes of chunks written to (or read from) the file.
+    pub data: u64,
+    /// Bytes of uniform chunks recorded, not written.
+    pub fills: u64,
+    /// How long the GPU's copy took, in microseconds.
+    pub micros: u64,
+    /// Whether the file was written (read) with `O_DIRECT`.
+    pub direct: bool,
 }
 
 /// Helper → CRIU.
@@ -90,12 +126,19 @@ pub enum Reply {
     Nvml(Result<WireSnapshot, String>),
     /// The call panicked in the helper.
     Panicked,
+    /// A custom-storage operation's outcome, per GPU in file order.
+    Custom(Result<Vec<CustomGpu>, String>),
 }
 
 /// The driver probe's outcome (see [`crate::backend::driver::probe_driver`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProbeReply {
-    Supported { version: i32, init: Option<u32> },
+    Supported {
+        version: i32,
+        init: Option<u32>,
+        /// The driver has custom storage (`cuCheckpointOperationComplete` at 13040).
+        custom_storage: bool,
+    },
     Unsupported(String),
     Error(String),
 }
@@ -600,6 +643,10 @@ impl Wire for Call {
             }
             Call::Gpus => out.push(2),
             Call::Nvml => out.push(3),
+            Call::Custom(j) => {
+                out.push(4);
+                j.put(out);
+            }
         }
     }
     fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -610,6 +657,7 @@ impl Wire for Call {
             (1, _) => Call::Driver(Wire::take(r)?),
             (2, _) => Call::Gpus,
             (3, _) => Call::Nvml,
+            (4, _) => Call::Custom(Wire::take(r)?),
             t => return Err(unknown("Call", t)),
         })
     }
@@ -724,6 +772,10 @@ impl Wire for Reply {
                 n.put(out);
             }
             Reply::Panicked => out.push(4),
+            Reply::Custom(c) => {
+                out.push(5);
+                c.put(out);
+            }
         }
     }
     fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -733,6 +785,7 @@ impl Wire for Reply {
             (2, _) => Reply::Gpus(Wire::take(r)?),
             (3, _) => Reply::Nvml(Wire::take(r)?),
             (4, _) => Reply::Panicked,
+            (5, _) => Reply::Custom(Wire::take(r)?),
             t => return Err(unknown("Reply", t)),
         })
     }
@@ -741,10 +794,15 @@ impl Wire for Reply {
 impl Wire for ProbeReply {
     fn put(&self, out: &mut Vec<u8>) {
         match self {
-            ProbeReply::Supported { version, init } => {
+            ProbeReply::Supported {
+                version,
+                init,
+                custom_storage,
+            } => {
                 out.push(0);
                 version.put(out);
                 init.put(out);
+                custom_storage.put(out);
             }
             ProbeReply::Unsupported(why) => {
                 out.push(1);
@@ -761,10 +819,53 @@ impl Wire for ProbeReply {
             (0, _) => ProbeReply::Supported {
                 version: Wire::take(r)?,
                 init: Wire::take(r)?,
+                custom_storage: Wire::take(r)?,
             },
             (1, _) => ProbeReply::Unsupported(Wire::take(r)?),
             (2, _) => ProbeReply::Error(Wire::take(r)?),
             t => return Err(unknown("ProbeReply", t)),
+        })
+    }
+}
+
+impl Wire for CustomJob {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.checkpoint.put(out);
+        self.pid.put(out);
+        self.key.put(out);
+        self.dump_id.put(out);
+        self.pairs.put(out);
+        self.files.put(out);
+    }
+    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(CustomJob {
+            checkpoint: Wire::take(r)?,
+            pid: Wire::take(r)?,
+            key: Wire::take(r)?,
+            dump_id: Wire::take(r)?,
+            pairs: Wire::take(r)?,
+            files: Wire::take(r)?,
+        })
+    }
+}
+
+impl Wire for CustomGpu {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.uuid.put(out);
+        self.bytes.put(out);
+        self.data.put(out);
+        self.fills.put(out);
+        self.micros.put(out);
+        self.direct.put(out);
+    }
+    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(CustomGpu {
+            uuid: Wire::take(r)?,
+            bytes: Wire::take(r)?,
+            data: Wire::take(r)?,
+            fills: Wire::take(r)?,
+            micros: Wire::take(r)?,
+            direct: Wire::take(r)?,
         })
     }
 }
@@ -935,6 +1036,22 @@ mod tests {
             Call::Probe { call_init: true },
             Call::Gpus,
             Call::Nvml,
+            Call::Custom(CustomJob {
+                checkpoint: true,
+                pid: 7,
+                key: 7,
+                dump_id: uuid(9),
+                pairs: vec![],
+                files: vec![],
+            }),
+            Call::Custom(CustomJob {
+                checkpoint: false,
+                pid: i32::MAX,
+                key: 1,
+                dump_id: uuid(0),
+                pairs: vec![(uuid(1), uuid(2))],
+                files: vec![(uuid(1), 80 << 30), (uuid(3), 0)],
+            }),
             Call::Driver(DriverCall::Init),
             Call::Driver(DriverCall::RestoreTid(-1)),
             Call::Driver(DriverCall::State(i32::MAX)),
@@ -1030,10 +1147,12 @@ mod tests {
             Reply::Probe(ProbeReply::Supported {
                 version: 12_080,
                 init: None,
+                custom_storage: false,
             }),
             Reply::Probe(ProbeReply::Supported {
                 version: -1,
                 init: Some(100),
+                custom_storage: true,
             }),
             Reply::Probe(ProbeReply::Unsupported("no libcuda.so.1".into())),
             Reply::Probe(ProbeReply::Error("cuDriverGetVersion failed: 3".into())),
@@ -1072,6 +1191,16 @@ mod tests {
             })),
             Reply::Nvml(Err("NVML not found".into())),
             Reply::Panicked,
+            Reply::Custom(Ok(vec![CustomGpu {
+                uuid: uuid(3),
+                bytes: 80 << 30,
+                data: 40 << 30,
+                fills: 40 << 30,
+                micros: u64::MAX,
+                direct: true,
+            }])),
+            Reply::Custom(Ok(vec![])),
+            Reply::Custom(Err("cuda-cs-7-0.img: No space left on device".into())),
         ];
         let mut all = vec![FromAgent::Hello { pid: 77 }];
         all.extend(

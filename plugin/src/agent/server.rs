@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 /// times the call out).
 const REPLY_LIMIT: Duration = Duration::from_secs(5);
 
+/// The image directory, once the helper runs (a custom-storage copier writes and reads its
+/// files there; the descriptor lives as long as the helper).
+static IMAGE_DIR: OnceLock<std::os::fd::RawFd> = OnceLock::new();
+
 /// The helper's channel, once it runs: log lines of code running in the helper go to CRIU's log
 /// through it (see [`forward_log`]).
 static SINK: OnceLock<Arc<Channel>> = OnceLock::new();
@@ -61,6 +65,9 @@ pub fn serve(
 ) -> i32 {
     let chan = Arc::new(chan);
     let _ = SINK.set(Arc::clone(&chan));
+    if let Some(d) = &image_dir {
+        let _ = IMAGE_DIR.set(std::os::fd::AsRawFd::as_raw_fd(d));
+    }
     crate::ffi::log::forward_to(forward_log);
     let me = Pid::try_from(std::process::id()).unwrap_or(0);
     if chan
@@ -238,8 +245,14 @@ fn start_call(
                 undo_late_success(&driver, &call, &reply);
             }));
         }
+        // A custom-storage job that failed leaves its operation open; the copier ends itself
+        // once the answer is out, and the driver aborts what it had open (see crate::cstore).
+        let abort = matches!(reply, Reply::Custom(Err(_)));
         let _ = chan.send(&proto::encode(&FromAgent::Reply { id, reply }), REPLY_LIMIT);
         lock(&inflight).remove(&id);
+        if abort {
+            crate::ffi::agent::exit_now(3);
+        }
     };
     // A thread per call: a call blocked in the driver never holds up another. Should no thread
     // start, the call runs here (CRIU's deadline still bounds its wait).
@@ -267,9 +280,15 @@ pub fn loaded(driver: &Driver) -> Result<Arc<dyn CudaDriver>, LoadError> {
 fn run(driver: &Driver, call: Call) -> Reply {
     match call {
         Call::Probe { call_init } => Reply::Probe(match probe_driver(loaded(driver), call_init) {
-            DriverProbe::Supported { version, init, .. } => ProbeReply::Supported {
+            DriverProbe::Supported {
+                version,
+                init,
+                custom_storage,
+                ..
+            } => ProbeReply::Supported {
                 version,
                 init: init.map(|c| c.0),
+                custom_storage,
             },
             DriverProbe::Unsupported(why) => ProbeReply::Unsupported(why),
             DriverProbe::Error(why) => ProbeReply::Error(why),
@@ -289,5 +308,9 @@ fn run(driver: &Driver, call: Call) -> Reply {
                 .map(|s| proto::WireSnapshot::from(&s))
                 .map_err(|e| e.to_string()),
         ),
+        Call::Custom(job) => Reply::Custom(crate::cstore::copier::run(
+            &job,
+            IMAGE_DIR.get().copied(),
+        )),
     }
 }

@@ -49,6 +49,11 @@ pub trait CudaDriver: Send + Sync + 'static {
     fn restore(&self, pid: Pid, pairs: &[CUcheckpointGpuPair]) -> CUresult;
     /// `cuCheckpointProcessUnlock` with zeroed arguments.
     fn unlock(&self, pid: Pid) -> CUresult;
+    /// Whether the driver has custom storage (CUDA 13.4: `cuGetProcAddress` finds
+    /// `cuCheckpointOperationComplete` at 13040). Makes no call that starts driver threads.
+    fn custom_storage(&self) -> bool {
+        false
+    }
 }
 
 /// Why the driver library could not be used at all.
@@ -85,6 +90,8 @@ pub enum DriverProbe {
         driver: DriverHandle,
         version: i32,
         init: Option<CUresult>,
+        /// Custom storage is there ([`CudaDriver::custom_storage`]).
+        custom_storage: bool,
     },
     /// Not usable here, and that is a normal situation (auto may fall back).
     Unsupported(String),
@@ -95,10 +102,16 @@ pub enum DriverProbe {
 impl fmt::Debug for DriverProbe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DriverProbe::Supported { version, init, .. } => f
+            DriverProbe::Supported {
+                version,
+                init,
+                custom_storage,
+                ..
+            } => f
                 .debug_struct("Supported")
                 .field("version", version)
                 .field("init", init)
+                .field("custom_storage", custom_storage)
                 .finish_non_exhaustive(),
             DriverProbe::Unsupported(r) => f.debug_tuple("Unsupported").field(r).finish(),
             DriverProbe::Error(r) => f.debug_tuple("Error").field(r).finish(),
@@ -125,10 +138,12 @@ pub fn probe_driver(load: Result<Arc<dyn CudaDriver>, LoadError>, call_init: boo
         ));
     }
     let init = call_init.then(|| driver.init());
+    let custom_storage = driver.custom_storage();
     DriverProbe::Supported {
         driver: DriverHandle::Local(driver),
         version,
         init,
+        custom_storage,
     }
 }
 
@@ -274,6 +289,9 @@ pub struct DriverApi {
     initialized: bool,
     /// The operation of the last call abandoned on timeout.
     abandoned: std::cell::Cell<Option<Op>>,
+    /// Custom storage, when this dump or restore uses it: checkpoints (and the restores of
+    /// tasks whose memory is in files) go through the copier instead of `exec`.
+    custom: Option<crate::cstore::client::CustomPath>,
 }
 
 impl fmt::Debug for DriverApi {
@@ -298,7 +316,15 @@ impl DriverApi {
             timeout,
             initialized: false,
             abandoned: std::cell::Cell::new(None),
+            custom: None,
         }
+    }
+
+    /// Moves GPU memory through custom storage ([`crate::cstore`]).
+    #[must_use]
+    pub fn with_custom_storage(mut self, path: crate::cstore::client::CustomPath) -> Self {
+        self.custom = Some(path);
+        self
     }
 
     /// True while an abandoned call is still blocked in the driver.
@@ -410,6 +436,16 @@ impl Backend for DriverApi {
         BackendKind::DriverApi
     }
 
+    fn custom_written(&self, pid: Pid) -> Option<crate::image::CustomRecord> {
+        self.custom.as_ref().and_then(|c| c.written(pid))
+    }
+
+    fn set_custom_recorded(&mut self, pid: Pid, rec: crate::image::CustomRecord) {
+        if let Some(c) = &mut self.custom {
+            c.set_recorded(pid, rec);
+        }
+    }
+
     fn settle(&mut self, limit: Duration) -> bool {
         let limit = match self.abandoned.get() {
             // None of this backend's calls was abandoned, and none of the plugin's others (a
@@ -474,6 +510,10 @@ impl Backend for DriverApi {
     }
 
     fn checkpoint(&mut self, pid: Pid, deadline: Option<Duration>) -> Result<(), BackendError> {
+        if let Some(c) = &mut self.custom {
+            let job = Job { pid, deadline };
+            return c.checkpoint_many(&[job], 1).remove(0).0;
+        }
         let op = Op::Checkpoint;
         let r = self.call(op, pid, deadline, DriverCall::Checkpoint(pid))?;
         DriverApi::code_of(op, pid, r)
@@ -485,6 +525,10 @@ impl Backend for DriverApi {
         pairs: &[GpuPair],
         deadline: Option<Duration>,
     ) -> Result<(), BackendError> {
+        if let Some(c) = self.custom.as_mut().filter(|c| c.holds(pid)) {
+            let job = Job { pid, deadline };
+            return c.restore_many(&[job], pairs, 1).remove(0).0;
+        }
         if !self.initialized {
             // Restore needs an initialised driver in the caller (or persistence mode); a dump's
             // rollback restores too, so initialise lazily here rather than in the probe.
@@ -511,6 +555,9 @@ impl Backend for DriverApi {
     }
 
     fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
+        if let Some(c) = &mut self.custom {
+            return c.checkpoint_many(jobs, width);
+        }
         let jobs = jobs
             .iter()
             .map(|j| (j.pid, j.deadline, DriverCall::Checkpoint(j.pid)))
@@ -519,6 +566,18 @@ impl Backend for DriverApi {
     }
 
     fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+        if let Some(c) = &mut self.custom {
+            if jobs.iter().all(|j| c.holds(j.pid)) {
+                return c.restore_many(jobs, pairs, width);
+            }
+            if jobs.iter().any(|j| c.holds(j.pid)) {
+                // Some in files, some not: each its own way, one after another.
+                return jobs
+                    .iter()
+                    .map(|j| super::timed_job(|| self.restore(j.pid, pairs, j.deadline)))
+                    .collect();
+            }
+        }
         if !self.initialized {
             if let Some(first) = jobs.first() {
                 let op = Op::Init;

@@ -269,6 +269,8 @@ pub enum BackendError {
     },
     #[error("failed to {op} pid {pid} via driver-api: the plugin's helper process, which runs the driver calls, is gone ({why})")]
     HelperLost { op: Op, pid: Pid, why: String },
+    #[error("failed to {op} pid {pid} via driver-api with custom storage: {why}")]
+    CustomStorage { op: Op, pid: Pid, why: String },
     #[error("failed to {op} pid {pid} via {backend}: {what}")]
     Unsupported {
         backend: BackendKind,
@@ -291,6 +293,7 @@ impl BackendError {
             | BackendError::BadOutput { op, .. }
             | BackendError::Spawn { op, .. }
             | BackendError::HelperLost { op, .. }
+            | BackendError::CustomStorage { op, .. }
             | BackendError::Unsupported { op, .. } => *op,
         }
     }
@@ -318,6 +321,7 @@ impl BackendError {
             BackendError::Timeout { .. }
             | BackendError::OutputHeld { .. }
             | BackendError::BadOutput { .. }
+            | BackendError::CustomStorage { .. }
             | BackendError::HelperLost { .. } => true,
             BackendError::Busy { .. }
             | BackendError::Spawn { .. }
@@ -451,6 +455,18 @@ pub trait Backend: Send {
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
         let _ = width;
         pids.iter().map(|&p| timed_job(|| self.unlock(p))).collect()
+    }
+    /// Custom storage: what checkpointing `pid` wrote, for its task image (`None`: its GPU
+    /// memory stayed with the task, or this backend has no custom storage).
+    fn custom_written(&self, pid: Pid) -> Option<crate::image::CustomRecord> {
+        let _ = pid;
+        None
+    }
+    /// Custom storage, at restore: what the dump recorded for the task that is `pid` now, so
+    /// that its restore reads its files. Backends without custom storage ignore it (`init`
+    /// refuses such an image before any task is touched).
+    fn set_custom_recorded(&mut self, pid: Pid, rec: crate::image::CustomRecord) {
+        let _ = (pid, rec);
     }
     /// How many external processes the backend ran so far (the CLI's executions), if any.
     fn executions(&self) -> Option<usize> {

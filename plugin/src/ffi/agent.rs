@@ -393,6 +393,35 @@ pub fn syslog(err: bool, msg: &str) {
     unsafe { libc::syslog(prio, c"%s".as_ptr(), text.as_ptr()) };
 }
 
+/// The helper's image directory, borrowed for the rest of the process's life.
+///
+/// Only for that descriptor: the helper holds it open until it exits (see
+/// [`crate::agent::server`]).
+#[must_use]
+pub fn borrow_fd(fd: RawFd) -> BorrowedFd<'static> {
+    // SAFETY: the caller passes the helper's image directory descriptor, which stays open until
+    // the process exits.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+/// Ends the calling process at once with `code`: no atexit handlers (the driver's among them),
+/// no unwinding of other threads. The copier's way to abort its open custom-storage operations
+/// (see [`crate::cstore`]).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions; it never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// Removes `name` from the directory `dir` (a partial custom-storage file); false when it could
+/// not (it is not there).
+pub fn unlink_in(dir: BorrowedFd<'_>, name: &str) -> bool {
+    let Ok(c) = CString::new(name) else {
+        return false;
+    };
+    // SAFETY: unlinkat with a valid directory descriptor and a NUL-terminated relative name.
+    unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) == 0 }
+}
+
 /// Sends `sig` to `pid`; false when it could not (the process is gone).
 #[must_use]
 pub fn kill(pid: i32, sig: libc::c_int) -> bool {

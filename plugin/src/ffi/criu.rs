@@ -257,6 +257,48 @@ fn exists_at(dir: c_int, name: &CStr) -> bool {
     unsafe { libc::faccessat(dir, name.as_ptr(), libc::F_OK, 0) == 0 }
 }
 
+/// Whether CRIU runs with its image streamer (`--stream`): its socket is in the image directory.
+#[must_use]
+pub fn streaming() -> bool {
+    image_dir().is_ok_and(|dir| {
+        exists_at(dir, c"streamer-capture.sock") || exists_at(dir, c"streamer-serve.sock")
+    })
+}
+
+/// Opens the image file `name` for reading as a regular file, never through a symbolic link
+/// (`None`: there is none). For the custom-storage files, which are read in place.
+pub fn open_image_file(name: &str) -> Result<Option<File>, HostError> {
+    let dir = image_dir()?;
+    let cname = CString::new(name).map_err(|e| io_err("name", name, e.into()))?;
+    let flags =
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY;
+    // SAFETY: openat with a directory descriptor and a NUL-terminated flat name.
+    let fd = unsafe { libc::openat(dir, cname.as_ptr(), flags) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            Some(libc::ELOOP) => Err(HostError::NotRegular {
+                name: name.to_owned(),
+                kind: "a symbolic link",
+            }),
+            _ => Err(io_err("cannot open image", name, e)),
+        };
+    }
+    let file = own(fd);
+    let meta = file
+        .metadata()
+        .map_err(|e| io_err("cannot stat image", name, e))?;
+    let kind = file_kind(&meta.file_type());
+    if kind != "a regular file" {
+        return Err(HostError::NotRegular {
+            name: name.to_owned(),
+            kind,
+        });
+    }
+    Ok(Some(file))
+}
+
 /// Opens a streamed image through CRIU's image streamer.
 fn streamer_open(name: &CString, flags: c_int) -> Result<c_int, HostError> {
     let open = criu_fn!(c"img_streamer_open", StreamerOpenFn)
@@ -475,6 +517,10 @@ impl Criu for CriuHost {
 
     fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError> {
         read_image(name, limit)
+    }
+
+    fn open_image_file(&mut self, name: &str) -> Result<Option<File>, HostError> {
+        open_image_file(name)
     }
 
     fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError> {

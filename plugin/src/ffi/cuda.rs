@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 pub const LIBRARY: &str = "libcuda.so.1";
 
 type DriverGetVersionFn = unsafe extern "C" fn(*mut c_int) -> CUresult;
-type InitFn = unsafe extern "C" fn(c_uint) -> CUresult;
+pub(crate) type InitFn = unsafe extern "C" fn(c_uint) -> CUresult;
 type GetRestoreTidFn = unsafe extern "C" fn(c_int, *mut c_int) -> CUresult;
 type GetStateFn = unsafe extern "C" fn(c_int, *mut CUprocessState) -> CUresult;
 type LockFn = unsafe extern "C" fn(c_int, *mut CUcheckpointLockArgs) -> CUresult;
@@ -43,7 +43,7 @@ struct LoadedDriver {
     unlock: UnlockFn,
 }
 
-fn library() -> Result<&'static libloading::Library, LoadError> {
+pub(crate) fn library() -> Result<&'static libloading::Library, LoadError> {
     if let Some(l) = LIBRARY_HANDLE.get() {
         return Ok(l);
     }
@@ -75,7 +75,7 @@ pub const VIEW_VARIABLES: [&str; 2] = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDE
 /// `cuInit(0)`, once per process, after removing [`VIEW_VARIABLES`] from CRIU's environment so
 /// the plugin sees every GPU in the driver's default order whatever the operator exported
 /// (the GPU inventory and device maps depend on it). Removed values are logged.
-fn init_once(init: InitFn) -> CUresult {
+pub(crate) fn init_once(init: InitFn) -> CUresult {
     static RESULT: OnceLock<CUresult> = OnceLock::new();
     *RESULT.get_or_init(|| {
         for v in VIEW_VARIABLES {
@@ -263,5 +263,9 @@ impl CudaDriver for LoadedDriver {
         let mut args = CUcheckpointUnlockArgs::default();
         // SAFETY: a valid, all-zero 64-byte argument struct.
         unsafe { (self.unlock)(pid, &mut args) }
+    }
+
+    fn custom_storage(&self) -> bool {
+        super::cstore::available().unwrap_or(false)
     }
 }

@@ -338,6 +338,7 @@ fn init(stage: Stage) -> c_int {
     }
     let ctx = InitContext {
         late_errors_ignored: !mh.has_dump_finish(),
+        streaming: criu::streaming(),
         stage,
         host_options: criu::plugin_options(),
         config,
@@ -445,7 +446,14 @@ fn init(stage: Stage) -> c_int {
                     ),
                 }
             }
-            let backend = session::build_backend(plan.selected, plan.cfg.timeout, worker.clone());
+            let custom = plan.custom.as_ref().map(|c| {
+                crate::cstore::client::CustomPath::new(
+                    c.dump_id,
+                    Box::new(|| crate::agent::spawn(criu::image_dir_fd())),
+                )
+            });
+            let backend =
+                session::build_backend(plan.selected, plan.cfg.timeout, worker.clone(), custom);
             let mut engine = Engine::new(
                 backend,
                 Box::new(ptrace::Ptrace),

@@ -7,6 +7,7 @@
 //! | [`log`] | `dlsym(RTLD_DEFAULT)` of CRIU's logger, `print_on_level`, and the variadic call to it |
 //! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |
 //! | [`cuda`] | `libcuda.so.1` opened with libloading, and the driver calls |
+//! | [`cstore`] | custom storage's driver calls (CUDA 13.4): contexts, pinned host memory, asynchronous copies, the operation's info struct, in the copier process |
 //! | [`nvml`] | `libnvidia-ml.so.1` opened with libloading: GPU memory and its processes |
 //! | [`ptrace`] | resuming and re-stopping one traced thread |
 //! | [`spawn`] | marking inherited descriptors close-on-exec in `cuda-checkpoint` children |
@@ -19,6 +20,7 @@
 
 pub mod agent;
 pub mod criu;
+pub mod cstore;
 pub mod cuda;
 pub mod exports;
 pub mod log;

@@ -1,0 +1,326 @@
+//! CRIU's side of custom storage: the copier process, the jobs it is sent, and what each task's
+//! operation left for its task image.
+//!
+//! The copier is started on the first job (from CRIU's main thread, while CRIU has no other
+//! thread: the driver-API backend with the guardian runs none) and serves every job of the dump
+//! or restore, each on a thread of its own. A job that fails, or that overruns its deadline,
+//! ends the copier (it exits by itself; one that overran is killed), which is how the driver's
+//! open operations of its tasks are aborted; the next job starts a new one.
+
+use crate::agent::client::Link;
+use crate::agent::proto::{Call, CustomGpu, CustomJob, FinishMode, Reply};
+use crate::backend::{BackendError, BackendKind, GpuPair, Job, JobResult, Op, Pid};
+use crate::image::CustomRecord;
+use crate::worker::CallError;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Starts a copier process and connects to it.
+pub type Spawn = Box<dyn FnMut() -> Result<Link, String> + Send>;
+
+/// The custom-storage path of one dump or restore.
+pub struct CustomPath {
+    dump_id: [u8; 16],
+    spawn: Spawn,
+    copier: Option<Arc<Link>>,
+    /// Dump: the tasks checkpointed here, for their task images (and a rollback's restore).
+    written: BTreeMap<Pid, CustomRecord>,
+    /// Restore: what the dump recorded, by the task's pid now.
+    recorded: BTreeMap<Pid, CustomRecord>,
+}
+
+impl std::fmt::Debug for CustomPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomPath")
+            .field("dump_id", &crate::image::dump_id_hex(&self.dump_id))
+            .field("copier", &self.copier.as_ref().map(|l| l.agent_pid()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fresh dump id: 16 bytes from the kernel's random source.
+pub fn new_dump_id() -> Result<[u8; 16], String> {
+    use std::io::Read;
+    let mut id = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut id))
+        .map_err(|e| format!("cannot draw a dump id from /dev/urandom: {e}"))?;
+    Ok(id)
+}
+
+impl CustomPath {
+    /// A path whose files carry `dump_id`, its copiers started by `spawn`.
+    #[must_use]
+    pub fn new(dump_id: [u8; 16], spawn: Spawn) -> Self {
+        CustomPath {
+            dump_id,
+            spawn,
+            copier: None,
+            written: BTreeMap::new(),
+            recorded: BTreeMap::new(),
+        }
+    }
+
+    /// What checkpointing `pid` wrote (for its task image).
+    #[must_use]
+    pub fn written(&self, pid: Pid) -> Option<CustomRecord> {
+        self.written.get(&pid).cloned()
+    }
+
+    /// Restore: what the dump recorded for the task that is `pid` now.
+    pub fn set_recorded(&mut self, pid: Pid, rec: CustomRecord) {
+        self.recorded.insert(pid, rec);
+    }
+
+    /// Whether `pid`'s GPU memory is in custom-storage files (restoring it reads them).
+    #[must_use]
+    pub fn holds(&self, pid: Pid) -> bool {
+        self.recorded.contains_key(&pid) || self.written.contains_key(&pid)
+    }
+
+    fn copier(&mut self) -> Result<Arc<Link>, String> {
+        if let Some(l) = &self.copier {
+            if l.gone().is_none() {
+                return Ok(Arc::clone(l));
+            }
+        }
+        self.copier = None;
+        let link = Arc::new((self.spawn)().map_err(|e| format!("cannot start the copier: {e}"))?);
+        self.copier = Some(Arc::clone(&link));
+        Ok(link)
+    }
+
+    /// Ends the copier after a failed or overrun job: it exits by itself after a failure; one
+    /// that overran is killed, so the driver aborts the operations it has open.
+    fn end_copier(&mut self) {
+        if let Some(l) = self.copier.take() {
+            let pid = l.agent_pid();
+            if l.gone().is_none() {
+                let _ = crate::ffi::agent::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Checkpoints `jobs` through the copier, at most `width` at a time; each task's result in
+    /// order.
+    pub fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
+        let calls: Vec<(Pid, CustomJob)> = jobs
+            .iter()
+            .map(|j| {
+                (
+                    j.pid,
+                    CustomJob {
+                        checkpoint: true,
+                        pid: j.pid,
+                        key: j.pid,
+                        dump_id: self.dump_id,
+                        pairs: Vec::new(),
+                        files: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        let deadlines: Vec<Option<Duration>> = jobs.iter().map(|j| j.deadline).collect();
+        let out = self.run(Op::Checkpoint, calls, &deadlines, width);
+        out.into_iter()
+            .zip(jobs)
+            .map(|((r, took), j)| {
+                let r = r.map(|gpus| {
+                    self.written.insert(
+                        j.pid,
+                        CustomRecord {
+                            dump_id: self.dump_id,
+                            file_pid: j.pid,
+                            gpus: gpus
+                                .iter()
+                                .map(|g| (abi::GpuUuid(g.uuid), g.bytes))
+                                .collect(),
+                        },
+                    );
+                });
+                (r, took)
+            })
+            .collect()
+    }
+
+    /// Restores `jobs` from their files through the copier (with the dump's GPU pairs), at
+    /// most `width` at a time.
+    pub fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+        let mut calls = Vec::new();
+        let mut missing = BTreeMap::new();
+        for j in jobs {
+            let rec = self.recorded.get(&j.pid).or_else(|| self.written.get(&j.pid));
+            match rec {
+                Some(rec) => calls.push((
+                    j.pid,
+                    CustomJob {
+                        checkpoint: false,
+                        pid: j.pid,
+                        key: rec.file_pid,
+                        dump_id: rec.dump_id,
+                        pairs: pairs.iter().map(|(o, n)| (o.0, n.0)).collect(),
+                        files: rec.gpus.iter().map(|(u, b)| (u.0, *b)).collect(),
+                    },
+                )),
+                None => {
+                    missing.insert(j.pid, ());
+                }
+            }
+        }
+        let deadlines: Vec<Option<Duration>> = jobs
+            .iter()
+            .filter(|j| !missing.contains_key(&j.pid))
+            .map(|j| j.deadline)
+            .collect();
+        let mut done = self.run(Op::Restore, calls, &deadlines, width).into_iter();
+        jobs.iter()
+            .map(|j| {
+                if missing.contains_key(&j.pid) {
+                    (
+                        Err(BackendError::CustomStorage {
+                            op: Op::Restore,
+                            pid: j.pid,
+                            why: "the dump recorded no custom-storage files for this task".into(),
+                        }),
+                        Duration::ZERO,
+                    )
+                } else {
+                    let (r, took) = done.next().unwrap_or((
+                        Err(BackendError::CustomStorage {
+                            op: Op::Restore,
+                            pid: j.pid,
+                            why: "never submitted".into(),
+                        }),
+                        Duration::ZERO,
+                    ));
+                    (r.map(|_| ()), took)
+                }
+            })
+            .collect()
+    }
+
+    /// Sends `calls` to the copier, keeping up to `width` in flight; each call's deadline
+    /// counts from its own submission.
+    #[allow(clippy::type_complexity)]
+    fn run(
+        &mut self,
+        op: Op,
+        calls: Vec<(Pid, CustomJob)>,
+        deadlines: &[Option<Duration>],
+        width: usize,
+    ) -> Vec<(Result<Vec<CustomGpu>, BackendError>, Duration)> {
+        let n = calls.len();
+        let mut out: Vec<Option<(Result<Vec<CustomGpu>, BackendError>, Duration)>> =
+            std::iter::repeat_with(|| None).take(n).collect();
+        let link = match self.copier() {
+            Ok(l) => l,
+            Err(why) => {
+                return calls
+                    .iter()
+                    .map(|(pid, _)| {
+                        (
+                            Err(BackendError::CustomStorage {
+                                op,
+                                pid: *pid,
+                                why: why.clone(),
+                            }),
+                            Duration::ZERO,
+                        )
+                    })
+                    .collect();
+            }
+        };
+        let what = match op {
+            Op::Checkpoint => "custom-storage checkpoint",
+            _ => "custom-storage restore",
+        };
+        let mut flight: VecDeque<(usize, Pid, Option<Duration>, u64, Instant)> = VecDeque::new();
+        let mut todo = calls.into_iter().enumerate();
+        let mut failed = false;
+        loop {
+            while flight.len() < width.max(1) {
+                let Some((i, (pid, job))) = todo.next() else {
+                    break;
+                };
+                let deadline = deadlines.get(i).copied().flatten();
+                let started = Instant::now();
+                match link.submit(Call::Custom(job), deadline) {
+                    Ok(id) => flight.push_back((i, pid, deadline, id, started)),
+                    Err(e) => out[i] = Some((Err(call_error(op, pid, e)), Duration::ZERO)),
+                }
+            }
+            let Some((i, pid, deadline, id, started)) = flight.pop_front() else {
+                break;
+            };
+            let r = match link.wait_since(id, what, deadline, started) {
+                Ok(Reply::Custom(Ok(gpus))) => Ok(gpus),
+                Ok(Reply::Custom(Err(why))) => {
+                    failed = true;
+                    Err(BackendError::CustomStorage { op, pid, why })
+                }
+                Ok(other) => {
+                    failed = true;
+                    Err(BackendError::CustomStorage {
+                        op,
+                        pid,
+                        why: format!("the copier answered {other:?}"),
+                    })
+                }
+                Err(e) => {
+                    failed = true;
+                    Err(call_error(op, pid, e))
+                }
+            };
+            out[i] = Some((r, started.elapsed()));
+        }
+        if failed {
+            self.end_copier();
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    (
+                        Err(BackendError::CustomStorage {
+                            op,
+                            pid: 0,
+                            why: "never submitted".into(),
+                        }),
+                        Duration::ZERO,
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+fn call_error(op: Op, pid: Pid, e: CallError) -> BackendError {
+    match e {
+        CallError::TimedOut { after } => BackendError::Timeout {
+            backend: BackendKind::DriverApi,
+            op,
+            pid,
+            after,
+        },
+        CallError::Lost(why) => BackendError::CustomStorage {
+            op,
+            pid,
+            why: format!("the copier process is gone ({why})"),
+        },
+        other => BackendError::CustomStorage {
+            op,
+            pid,
+            why: format!("the copier: {other}"),
+        },
+    }
+}
+
+impl Drop for CustomPath {
+    fn drop(&mut self) {
+        if let Some(l) = self.copier.take() {
+            if l.finish(FinishMode::Done).is_err() {
+                let _ = crate::ffi::agent::kill(l.agent_pid(), libc::SIGKILL);
+            }
+        }
+    }
+}
