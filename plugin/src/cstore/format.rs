@@ -1,7 +1,7 @@
 //! The custom-storage image file `cuda-cs-<pid>-<n>.img`: one task's memory on one GPU
 //! (docs/custom-storage.md, "Image files"). This module is the format alone: the blocks, their
 //! encoding, and the strict rules a reader applies ([`Walker`]); the I/O is in
-//! `pipeline` (to come).
+//! [`super::pipeline`].
 //!
 //! # Layout
 //!
@@ -69,7 +69,7 @@
 //! header block per chunk costs 4 KiB per 8–64 MiB chunk (0.05 % to 0.006 %), lets the data
 //! bytes go from the pinned staging buffer to the file without a copy, and lets a reader check
 //! the whole frame structure by reading only the header blocks and seeking over the data
-//! (`pipeline::verify_file`). Fill frames, which carry no data, are one block for any
+//! ([`super::pipeline::verify_file`]). Fill frames, which carry no data, are one block for any
 //! length, so an idle 80 GiB GPU is a few blocks.
 
 use abi::GpuUuid;
@@ -143,7 +143,7 @@ pub enum Frame {
 }
 
 /// Why a file's bytes are not a valid custom-storage file. Offsets and sizes are in bytes; the
-/// caller adds the file's name and the file offset of the block (`pipeline::CsError`).
+/// caller adds the file's name and the file offset of the block ([`super::pipeline::CsError`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FormatError {
     #[error("not a custom-storage image (magic {found:02x?})")]

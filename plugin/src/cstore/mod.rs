@@ -4,5 +4,7 @@
 //! | Module | Role |
 //! |---|---|
 //! | [`format`](mod@format) | The file format: frames, their encoding, the strict reading rules. |
+//! | [`pipeline`] | Moving one GPU's bytes between the device and a file, double-buffered, through the [`pipeline::DeviceCopy`] seam. |
 
 pub mod format;
+pub mod pipeline;
