@@ -1029,7 +1029,10 @@ mod tests {
     fn dump(dir: &Path, mem: &[u8], chunk: u32) -> (PathBuf, DumpStats) {
         let mut dev = FakeDev::new(mem.to_vec(), chunk);
         let mut f = open_for_dump(dir, &file_name(ID.pid, ID.place)).unwrap();
+        let opened_direct = f.direct;
         let stats = dump_gpu(&mut dev, &mut f, &ID, &DumpOptions { chunk }).unwrap();
+        // Where the filesystem took O_DIRECT at open, every transfer was direct (aligned).
+        assert_eq!(stats.direct, opened_direct);
         (f.path, stats)
     }
 
@@ -1042,7 +1045,9 @@ mod tests {
         // Garbage in the target, so that fills must really be copied.
         let mut dev = FakeDev::new(vec![0xee; size], chunk);
         let mut f = open_for_restore(path)?;
+        let opened_direct = f.direct;
         let stats = restore_gpu(&mut dev, &mut f, &expected(size as u64), &opts)?;
+        assert_eq!(stats.direct, opened_direct);
         Ok((dev.mem, stats))
     }
 
