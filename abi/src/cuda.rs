@@ -414,8 +414,8 @@ impl ReservedBytes for CUcheckpointRestoreArgs {
         let tail = self.reserved.iter().all(|&b| b == 0) && self.padding0 == 0;
         let pairs = version >= GPU_PAIRS_MIN_DRIVER_VERSION
             || (self.gpu_pairs.is_null() && self.gpu_pairs_count == 0);
-        let custom = version >= CUSTOM_STORAGE_MIN_DRIVER_VERSION
-            || self.custom_storage_info_out.is_null();
+        let custom =
+            version >= CUSTOM_STORAGE_MIN_DRIVER_VERSION || self.custom_storage_info_out.is_null();
         tail && pairs && custom
     }
 }

@@ -30,6 +30,7 @@
 //! | [`nvml`](mod@nvml) | Sizes: GPU memory per task (NVML), host- and GPU-memory checks, deadlines that grow with the data. |
 //! | [`message`] | Keeping every message handed to CRIU short (CRIU's buffer is 8 KiB). |
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
+//! | [`cstore`] | Custom storage: the GPU-memory image files and the copies between them and the GPUs. |
 //! | [`config`] | The plugin's options file, `cuda_plugin.conf`: where it is looked for, its format. |
 //!
 //! # Entry points and return values

@@ -368,22 +368,28 @@ fn custom_storage(
         let mut bytes = 0u64;
         for (pid, rec) in &records {
             for (n, (uuid, size)) in rec.gpus.iter().enumerate() {
-                let name = crate::cstore::format::file_name(rec.file_pid, n);
+                let place = u32::try_from(n).unwrap_or(u32::MAX);
+                let name = crate::cstore::pipeline::file_name(rec.file_pid, place);
                 let file = svc
                     .open_image_file(&name)
                     .map_err(|e| PluginError::CustomStorage(format!("task {pid}: {e}")))?
                     .ok_or_else(|| {
                         PluginError::CustomStorage(format!("task {pid}: {name} is missing"))
                     })?;
-                let expected = crate::cstore::format::Expected {
+                let expected = crate::cstore::pipeline::Expected {
                     dump_id: rec.dump_id,
                     pid: rec.file_pid,
-                    uuid: uuid.0,
-                    place: u32::try_from(n).unwrap_or(u32::MAX),
+                    uuid: *uuid,
+                    place,
                     size: *size,
                 };
-                crate::cstore::pipeline::verify_file(&file, &expected)
-                    .map_err(|e| PluginError::CustomStorage(format!("task {pid}: {name}: {e}")))?;
+                let mut file = crate::cstore::pipeline::ImageFile {
+                    file,
+                    path: name.clone().into(),
+                    direct: false,
+                };
+                crate::cstore::pipeline::verify_file(&mut file, &expected)
+                    .map_err(|e| PluginError::CustomStorage(format!("task {pid}: {e}")))?;
                 files += 1;
                 bytes += size;
             }
@@ -396,18 +402,24 @@ fn custom_storage(
     }
     match (mode, blocker) {
         (CustomStorage::Off, _) => {
-            notes.push("custom storage: off (custom-storage=off); GPU memory is staged in host memory".into());
+            notes.push(
+                "custom storage: off (custom-storage=off); GPU memory is staged in host memory"
+                    .into(),
+            );
             Ok(None)
         }
         (CustomStorage::On, Some(why)) => Err(PluginError::CustomStorage(format!(
             "custom-storage=on cannot be honoured: {why}"
         ))),
         (CustomStorage::Auto, Some(why)) => {
-            notes.push(format!("custom storage: not used ({why}); GPU memory is staged in host memory"));
+            notes.push(format!(
+                "custom storage: not used ({why}); GPU memory is staged in host memory"
+            ));
             Ok(None)
         }
         (_, None) => {
-            let dump_id = crate::cstore::client::new_dump_id().map_err(PluginError::CustomStorage)?;
+            let dump_id =
+                crate::cstore::client::new_dump_id().map_err(PluginError::CustomStorage)?;
             notes.push(format!(
                 "custom storage: on (dump {}): GPU memory goes straight to cuda-cs-*.img",
                 crate::image::dump_id_hex(&dump_id)

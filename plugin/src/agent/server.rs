@@ -308,9 +308,8 @@ fn run(driver: &Driver, call: Call) -> Reply {
                 .map(|s| proto::WireSnapshot::from(&s))
                 .map_err(|e| e.to_string()),
         ),
-        Call::Custom(job) => Reply::Custom(crate::cstore::copier::run(
-            &job,
-            IMAGE_DIR.get().copied(),
-        )),
+        Call::Custom(job) => {
+            Reply::Custom(crate::cstore::copier::run(&job, IMAGE_DIR.get().copied()))
+        }
     }
 }

@@ -146,11 +146,19 @@ impl CustomPath {
 
     /// Restores `jobs` from their files through the copier (with the dump's GPU pairs), at
     /// most `width` at a time.
-    pub fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+    pub fn restore_many(
+        &mut self,
+        jobs: &[Job],
+        pairs: &[GpuPair],
+        width: usize,
+    ) -> Vec<JobResult> {
         let mut calls = Vec::new();
         let mut missing = BTreeMap::new();
         for j in jobs {
-            let rec = self.recorded.get(&j.pid).or_else(|| self.written.get(&j.pid));
+            let rec = self
+                .recorded
+                .get(&j.pid)
+                .or_else(|| self.written.get(&j.pid));
             match rec {
                 Some(rec) => calls.push((
                     j.pid,

@@ -6,12 +6,12 @@
 //! fails removes the files it wrote and returns its error; the server then ends the process
 //! ([`crate::agent::server`]), which is how the operation it left open is aborted.
 
-use super::format::{file_name, Expected};
-use super::pipeline::{self, DeviceCopy, DeviceError};
+use super::pipeline::{self, file_name, DeviceCopy, DeviceError, Expected, Identity, ImageFile};
 use crate::agent::proto::{CustomGpu, CustomJob};
 use crate::ffi::cstore::{CsApi, DeviceEntry, Operation, Pinned};
 use abi::GpuUuid;
 use std::os::fd::{BorrowedFd, RawFd};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -46,13 +46,15 @@ pub fn run(job: &CustomJob, dir: Option<RawFd>) -> Result<Vec<CustomGpu>, String
     let Some(dir) = dir else {
         return Err("the copier has no image directory".into());
     };
-    // The helper's image directory, open for its whole life (see `crate::agent::server`).
+    // The helper's image directory, open for its whole life (see `crate::agent::server`),
+    // and a path that names it for the pipeline's opens.
+    let path = PathBuf::from(format!("/proc/self/fd/{dir}"));
     let dir = crate::ffi::agent::borrow_fd(dir);
     let c = copier()?;
     if job.checkpoint {
-        checkpoint(c, job, dir)
+        checkpoint(c, job, dir, &path)
     } else {
-        restore(c, job, dir)
+        restore(c, job, &path)
     }
 }
 
@@ -103,8 +105,8 @@ impl DeviceCopy for Device<'_> {
 
 fn device_error(e: crate::ffi::cstore::CallFailed) -> DeviceError {
     DeviceError {
-        call: e.call,
-        code: e.code,
+        function: e.call,
+        result: e.code,
     }
 }
 
@@ -133,13 +135,20 @@ fn ordinals(c: &Copier, op: &Operation) -> Result<Vec<usize>, String> {
         .collect()
 }
 
-fn checkpoint(c: &Copier, job: &CustomJob, dir: BorrowedFd<'_>) -> Result<Vec<CustomGpu>, String> {
+fn checkpoint(
+    c: &Copier,
+    job: &CustomJob,
+    dir: BorrowedFd<'_>,
+    path: &Path,
+) -> Result<Vec<CustomGpu>, String> {
     let op = c
         .api
         .checkpoint(job.pid)
         .map_err(|e| format!("pid {}: {e}", job.pid))?;
     let ords = ordinals(c, &op)?;
-    let names: Vec<String> = (0..op.entries.len()).map(|n| file_name(job.key, n)).collect();
+    let names: Vec<String> = (0..op.entries.len())
+        .map(|n| file_name(job.key, u32::try_from(n).unwrap_or(u32::MAX)))
+        .collect();
     let remove_all = || {
         for n in &names {
             let _ = crate::ffi::agent::unlink_in(dir, n);
@@ -162,32 +171,39 @@ fn checkpoint(c: &Copier, job: &CustomJob, dir: BorrowedFd<'_>) -> Result<Vec<Cu
                         entry: *entry,
                         bufs,
                     };
-                    let (mut file, direct) = pipeline::open_for_dump(dir, name)
-                        .map_err(|e| format!("{name}: {e}"))?;
-                    let header = Expected {
+                    let mut file =
+                        pipeline::open_for_dump(path, name).map_err(|e| e.to_string())?;
+                    let id = Identity {
                         dump_id: job.dump_id,
                         pid: job.key,
-                        uuid: uuid.0,
+                        uuid,
                         place: u32::try_from(n).unwrap_or(u32::MAX),
-                        size: entry.size,
                     };
                     let t = Instant::now();
-                    let stats = pipeline::dump_gpu(&mut dev, &mut file, &header, chunk)
-                        .map_err(|e| format!("{name} ({uuid}): {e}"))?;
+                    let stats = pipeline::dump_gpu(
+                        &mut dev,
+                        &mut file,
+                        &id,
+                        &pipeline::DumpOptions { chunk },
+                    )
+                    .map_err(|e| format!("{uuid}: {e}"))?;
                     Ok(CustomGpu {
                         uuid: uuid.0,
                         bytes: entry.size,
                         data: stats.data_bytes,
                         fills: stats.fill_bytes,
                         micros: u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX),
-                        direct,
+                        direct: stats.direct,
                     })
                 })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a copy thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a copy thread panicked".into()))
+            })
             .collect()
     });
     let mut gpus = Vec::new();
@@ -207,22 +223,21 @@ fn checkpoint(c: &Copier, job: &CustomJob, dir: BorrowedFd<'_>) -> Result<Vec<Cu
     Ok(gpus)
 }
 
-fn restore(c: &Copier, job: &CustomJob, dir: BorrowedFd<'_>) -> Result<Vec<CustomGpu>, String> {
+fn restore(c: &Copier, job: &CustomJob, path: &Path) -> Result<Vec<CustomGpu>, String> {
     // Every file checked (header, frames, end) before the task is touched.
-    let mut files = Vec::with_capacity(job.files.len());
+    let mut files: Vec<(ImageFile, Expected)> = Vec::with_capacity(job.files.len());
     for (n, (uuid, size)) in job.files.iter().enumerate() {
-        let name = file_name(job.key, n);
-        let (file, direct) =
-            pipeline::open_for_restore(dir, &name).map_err(|e| format!("{name}: {e}"))?;
+        let name = file_name(job.key, u32::try_from(n).unwrap_or(u32::MAX));
+        let mut file = pipeline::open_for_restore(&path.join(&name)).map_err(|e| e.to_string())?;
         let expected = Expected {
             dump_id: job.dump_id,
             pid: job.key,
-            uuid: *uuid,
+            uuid: GpuUuid(*uuid),
             place: u32::try_from(n).unwrap_or(u32::MAX),
             size: *size,
         };
-        pipeline::verify_file(&file, &expected).map_err(|e| format!("{name}: {e}"))?;
-        files.push((name, file, direct, expected));
+        pipeline::verify_file(&mut file, &expected).map_err(|e| e.to_string())?;
+        files.push((file, expected));
     }
     let pairs: Vec<abi::CUcheckpointGpuPair> = job
         .pairs
@@ -248,7 +263,7 @@ fn restore(c: &Copier, job: &CustomJob, dir: BorrowedFd<'_>) -> Result<Vec<Custo
             .map_or(now, |(o, _)| *o);
         let n = files
             .iter()
-            .position(|f| f.3.uuid == old)
+            .position(|f| f.1.uuid.0 == old)
             .ok_or_else(|| {
                 format!(
                     "pid {}: the driver restores onto {}, which no file of this task was dumped from",
@@ -256,52 +271,66 @@ fn restore(c: &Copier, job: &CustomJob, dir: BorrowedFd<'_>) -> Result<Vec<Custo
                     GpuUuid(now)
                 )
             })?;
-        if files[n].3.size != entry.size {
+        if files[n].1.size != entry.size {
             return Err(format!(
                 "pid {}: {} holds {} bytes, the driver maps {} on {}",
                 job.pid,
-                files[n].0,
-                files[n].3.size,
+                files[n].0.path.display(),
+                files[n].1.size,
                 entry.size,
                 GpuUuid(now)
             ));
         }
         place_of.push(n);
     }
+    // Each file to the thread of the entry it restores (place_of is a permutation: each file
+    // matched one entry, and the sizes agree).
+    let mut slots: Vec<Option<(ImageFile, Expected)>> = files.into_iter().map(Some).collect();
+    let mut work = Vec::with_capacity(op.entries.len());
+    for ((entry, &ord), &n) in op.entries.iter().zip(&ords).zip(&place_of) {
+        let f = slots[n]
+            .take()
+            .ok_or_else(|| format!("pid {}: two GPU shares map to one file", job.pid))?;
+        work.push((*entry, ord, f));
+    }
     let results: Vec<Result<CustomGpu, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = op
-            .entries
-            .iter()
-            .zip(&ords)
-            .zip(&place_of)
-            .map(|((entry, &ord), &n)| {
-                let (name, file, direct, expected) = &files[n];
+        let handles: Vec<_> = work
+            .into_iter()
+            .map(|(entry, ord, (mut file, expected))| {
                 s.spawn(move || -> Result<CustomGpu, String> {
                     let (_, ctx) = c.gpus[ord];
                     c.api.set_current(ctx).map_err(|e| e.to_string())?;
                     let (bufs, _) = buffers(c, entry.size)?;
                     let mut dev = Device {
                         api: &c.api,
-                        entry: *entry,
+                        entry,
                         bufs,
                     };
                     let t = Instant::now();
-                    let stats = pipeline::restore_gpu(&mut dev, file, expected)
-                        .map_err(|e| format!("{name}: {e}"))?;
+                    let stats = pipeline::restore_gpu(
+                        &mut dev,
+                        &mut file,
+                        &expected,
+                        &pipeline::RestoreOptions::default(),
+                    )
+                    .map_err(|e| e.to_string())?;
                     Ok(CustomGpu {
-                        uuid: expected.uuid,
+                        uuid: expected.uuid.0,
                         bytes: entry.size,
                         data: stats.data_bytes,
-                        fills: stats.fill_bytes,
+                        fills: stats.fill_bytes_copied + stats.fill_bytes_skipped,
                         micros: u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX),
-                        direct: *direct,
+                        direct: stats.direct,
                     })
                 })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a copy thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a copy thread panicked".into()))
+            })
             .collect()
     });
     let mut gpus = Vec::new();

@@ -1,11 +1,14 @@
-//! Custom storage (CUDA 13.4): each task's GPU memory moved straight between the GPU and files
-//! in the image directory, per GPU and per task in parallel, checksummed, uniform chunks
-//! recorded instead of written (see `docs/custom-storage.md`).
+//! Custom storage (CUDA 13.4, `docs/custom-storage.md`): each task's GPU memory copied by the
+//! plugin's copier process straight between the GPU and one image file per task and GPU,
+//! `cuda-cs-<pid>-<n>.img`, per GPU and per task in parallel, checksummed, uniform chunks
+//! recorded instead of written.
 //!
-//! * [`format`]: the files, `cuda-cs-<pid>-<n>.img`;
-//! * [`pipeline`]: one GPU's bytes between the device and its file, double-buffered;
-//! * [`copier`]: the copier process's side (the driver calls, one thread per GPU);
-//! * [`client`]: CRIU's side (the copier, the jobs, what each task's operation left).
+//! | Module | Role |
+//! |---|---|
+//! | [`format`](mod@format) | The file format: frames, their encoding, the strict reading rules. |
+//! | [`pipeline`] | Moving one GPU's bytes between the device and a file, double-buffered, through the [`pipeline::DeviceCopy`] seam. |
+//! | [`copier`] | The copier process's side: the driver calls, one thread per GPU, the files of one task. |
+//! | [`client`] | CRIU's side: the copier, the jobs, what each task's operation left for its task image. |
 
 pub mod client;
 pub mod copier;

@@ -33,8 +33,13 @@ type PointerGetAttributeFn = unsafe extern "C" fn(*mut c_void, c_int, CUdevicept
 type CheckpointFn = unsafe extern "C" fn(c_int, *mut CUcheckpointCheckpointArgs) -> CUresult;
 type RestoreFn = unsafe extern "C" fn(c_int, *mut CUcheckpointRestoreArgs) -> CUresult;
 type CompleteFn = unsafe extern "C" fn(*mut c_void) -> CUresult;
-type GetProcAddressV2Fn =
-    unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+type GetProcAddressV2Fn = unsafe extern "C" fn(
+    *const std::ffi::c_char,
+    *mut *mut c_void,
+    c_int,
+    u64,
+    *mut c_int,
+) -> CUresult;
 type DriverGetVersionFn = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: the ordinal of the device a pointer belongs to.
@@ -125,7 +130,9 @@ fn complete_entry(lib: &libloading::Library) -> Result<Option<CompleteFn>, LoadE
     // SAFETY: the driver returned the address of `cuCheckpointOperationComplete`, whose C
     // signature is `CUresult (CUcheckpointOperationHandle)`; function and data pointers have
     // the same size on every platform the plugin builds for.
-    Ok(Some(unsafe { std::mem::transmute::<*mut c_void, CompleteFn>(pfn) }))
+    Ok(Some(unsafe {
+        std::mem::transmute::<*mut c_void, CompleteFn>(pfn)
+    }))
 }
 
 /// Whether the driver has custom storage: loads the library and probes
@@ -238,7 +245,9 @@ impl CsApi {
         for ordinal in 0..count.max(0) {
             let mut dev: c_int = 0;
             // SAFETY: writes one CUdevice through a valid pointer.
-            cu("cuDeviceGet", unsafe { (self.device_get)(&mut dev, ordinal) })?;
+            cu("cuDeviceGet", unsafe {
+                (self.device_get)(&mut dev, ordinal)
+            })?;
             let mut uuid = CUuuid::default();
             // SAFETY: writes one 16-byte CUuuid through a valid pointer.
             cu("cuDeviceGetUuid_v2", unsafe {
@@ -295,7 +304,11 @@ impl CsApi {
         let mut ordinal: c_int = -1;
         // SAFETY: the attribute is an int, written through a valid pointer.
         cu("cuPointerGetAttribute", unsafe {
-            (self.pointer_get_attribute)((&raw mut ordinal).cast(), POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+            (self.pointer_get_attribute)(
+                (&raw mut ordinal).cast(),
+                POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
         })?;
         Ok(ordinal)
     }
@@ -412,7 +425,8 @@ unsafe fn operation(
     let mut entries = Vec::with_capacity(i.device_count as usize);
     if i.device_count > 0 && !i.per_device_data.is_null() {
         // SAFETY: the driver's array of `device_count` entries, valid until Complete.
-        let data = unsafe { std::slice::from_raw_parts(i.per_device_data, i.device_count as usize) };
+        let data =
+            unsafe { std::slice::from_raw_parts(i.per_device_data, i.device_count as usize) };
         entries.extend(data.iter().map(|d| DeviceEntry {
             dev_ptr: d.dev_ptr,
             size: d.size as u64,

@@ -85,6 +85,7 @@ static OPTION_META: [CrPluginOptionMeta; crate::options::DOCS.len()] = [
     option_meta(6),
     option_meta(7),
     option_meta(8),
+    option_meta(9),
 ];
 
 /// `CR_PLUGIN_OPTIONS_META`: the plugin's options, for tools that list them without calling
