@@ -650,3 +650,87 @@ fn custom_storage_is_found_from_13_4_only() {
         );
     });
 }
+
+#[test]
+fn copies_take_the_links_time_shared_and_faults_reach_the_new_calls() {
+    isolated(
+        "copies_take_the_links_time_shared_and_faults_reach_the_new_calls",
+        || {
+            // 64 KiB at 1 MB/s on a link: 65.5 ms. The driver's copy path is far slower, and
+            // custom storage bypasses it.
+            let mut w = world_134(
+                "\n[rates]\nlink_gbps = 0.001\ndriver_gbps = 0.00001\nhost_gbps = 100.0\n\
+                 [[fault]]\nfunction = \"cuMemcpyDtoHAsync_v2\"\naction = { kind = \"return\", code = \"CUDA_ERROR_UNKNOWN\" }\n\
+                 [[fault]]\nfunction = \"cuStreamSynchronize\"\naction = { kind = \"return\", code = \"CUDA_ERROR_NOT_READY\" }\n",
+            );
+            let pid = w.spawn_app(&["--gpus", "0,1", "--kib", "64"]);
+            contexts(&[0, 1]);
+            driver::lock(pid, 5000).unwrap();
+            let op = open_checkpoint(pid).unwrap();
+            let (a, b) = (op.devices[0], op.devices[1]);
+            let alone = Duration::from_secs_f64(65_536.0 / 1e6);
+
+            let t = std::time::Instant::now();
+            dtoh(a.ptr, a.size).unwrap();
+            let one = t.elapsed();
+            assert!(one >= alone * 9 / 10, "{one:?}");
+            assert!(
+                one < Duration::from_secs(3),
+                "not the driver's path: {one:?}"
+            );
+
+            let mut buf = vec![0u8; a.size];
+            let mut buf2 = vec![0u8; a.size];
+            // SAFETY: writable buffers kept until synchronised.
+            let r = unsafe {
+                exports::cuMemcpyDtoHAsync_v2(buf.as_mut_ptr().cast(), a.ptr, a.size, a.stream)
+            };
+            assert_eq!(r, CUresult::ERROR_UNKNOWN, "the scripted fault");
+            assert_eq!(
+                exports::cuStreamSynchronize(a.stream),
+                CUresult::ERROR_NOT_READY,
+                "the scripted fault"
+            );
+            // Two copies on one GPU's link, on two streams: half the rate each.
+            let mut s2: CUstream = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            ok(unsafe { exports::cuStreamCreate(&mut s2, 0) });
+            let t = std::time::Instant::now();
+            // SAFETY: writable buffers kept until synchronised.
+            unsafe {
+                ok(exports::cuMemcpyDtoHAsync_v2(
+                    buf.as_mut_ptr().cast(),
+                    a.ptr,
+                    a.size,
+                    a.stream,
+                ));
+                ok(exports::cuMemcpyDtoHAsync_v2(
+                    buf2.as_mut_ptr().cast(),
+                    a.ptr,
+                    a.size,
+                    s2,
+                ));
+            }
+            assert!(t.elapsed() < alone, "asynchronous copies return at once");
+            ok(exports::cuStreamSynchronize(a.stream));
+            ok(exports::cuStreamSynchronize(s2));
+            let shared = t.elapsed();
+            assert!(shared >= alone * 18 / 10, "one link, shared: {shared:?}");
+            ok(exports::cuStreamDestroy_v2(s2));
+            assert_eq!(
+                exports::cuStreamDestroy_v2(s2),
+                CUresult::ERROR_INVALID_HANDLE
+            );
+
+            // Complete waits for the copies on the operation's streams.
+            let t = std::time::Instant::now();
+            // SAFETY: a writable buffer kept until Complete.
+            ok(unsafe {
+                exports::cuMemcpyDtoHAsync_v2(buf.as_mut_ptr().cast(), b.ptr, b.size, b.stream)
+            });
+            ok(complete(&op));
+            assert!(t.elapsed() >= alone * 9 / 10, "{:?}", t.elapsed());
+            assert_eq!(state(pid), CUprocessState::CHECKPOINTED);
+        },
+    );
+}
