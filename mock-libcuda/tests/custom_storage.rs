@@ -19,7 +19,7 @@ use abi::{
 use common::*;
 use mock_libcuda::driver;
 use mock_libcuda::ffi::exports;
-use mock_libcuda::world::client::{CudaState, MockWorld};
+use mock_libcuda::world::client::{CudaState, MockWorld, Presence};
 use std::ffi::{c_int, c_void, CString};
 use std::process::Command;
 use std::time::Duration;
@@ -563,6 +563,21 @@ fn the_callers_death_aborts_its_operation_both_ways() {
         driver::unlock(pid).unwrap();
         let line = w.verify(0, pid);
         assert!(line.starts_with("PASS"), "{line}");
+        // The copiers were CUDA processes (contexts, no memory): the status shows them gone,
+        // holding nothing, next to the workload.
+        let status = MockWorld::open(w.path()).unwrap().status().unwrap();
+        let copiers: Vec<_> = status
+            .processes
+            .iter()
+            .filter(|p| {
+                p.host_pid() != Some(pid) && p.host_pid() != Some(std::process::id() as i32)
+            })
+            .collect();
+        assert_eq!(copiers.len(), 2, "{}", status.table());
+        assert!(copiers.iter().all(|p| p.present == Presence::Gone
+            && p.allocated_bytes() == 0
+            && p.staged_bytes() == 0));
+        assert_eq!(status.state_of(pid), CudaState::Running);
     });
 }
 
@@ -729,6 +744,55 @@ fn copies_take_the_links_time_shared_and_faults_reach_the_new_calls() {
             ok(complete(&op));
             assert!(t.elapsed() >= alone * 9 / 10, "{:?}", t.elapsed());
             assert_eq!(state(pid), CUprocessState::CHECKPOINTED);
+        },
+    );
+}
+
+#[test]
+fn a_stopped_target_times_out_and_a_full_gpu_refuses_the_restore() {
+    isolated(
+        "a_stopped_target_times_out_and_a_full_gpu_refuses_the_restore",
+        || {
+            let mut w = world_134("");
+            // 40 of the GPU's 64 MiB.
+            let a = w.spawn_app(&["--gpus", "0", "--kib", "40960"]);
+            contexts(&[0, 1]);
+            driver::lock(a, 5000).unwrap();
+            let signal = |pid: i32, s| {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s).unwrap();
+            };
+            // The target's restore thread carries the state changes out: stopped, the request
+            // times out (request_timeout_ms) and is withdrawn.
+            signal(a, nix::sys::signal::Signal::SIGSTOP);
+            assert_eq!(open_checkpoint(a).err(), Some(CUresult::ERROR_TIMEOUT));
+            signal(a, nix::sys::signal::Signal::SIGCONT);
+            assert_eq!(state(a), CUprocessState::LOCKED);
+            let op = open_checkpoint(a).unwrap();
+            let data = copy_out(&op);
+            signal(a, nix::sys::signal::Signal::SIGSTOP);
+            assert_eq!(complete(&op), CUresult::ERROR_TIMEOUT);
+            signal(a, nix::sys::signal::Signal::SIGCONT);
+            assert_eq!(state(a), CUprocessState::CHECKPOINTING, "still open");
+            ok(complete(&op));
+
+            // Another process takes the memory A released.
+            let b = w.spawn_app(&["--gpus", "0", "--kib", "40960"]);
+            assert_eq!(
+                open_restore(a, &[]).err(),
+                Some(CUresult::ERROR_OUT_OF_MEMORY)
+            );
+            assert_eq!(state(a), CUprocessState::CHECKPOINTED);
+            assert!(entry_of(&w, a).reserved.is_empty());
+            // Onto the other GPU it fits.
+            let op = open_restore(a, &[(GPU0, GPU1)]).unwrap();
+            assert_eq!(op.devices.len(), 1);
+            copy_in(&op, &data);
+            ok(complete(&op));
+            driver::unlock(a).unwrap();
+            let line = w.verify(0, a);
+            assert!(line.starts_with("PASS") && line.contains(GPU1), "{line}");
+            let line = w.verify(1, b);
+            assert!(line.starts_with("PASS"), "{line}");
         },
     );
 }
