@@ -880,13 +880,14 @@ impl Runtime {
     }
 
     /// Claims the GPU memory a restore of `entry` needs under `map`, atomically with the check
-    /// that it fits next to what is resident and what other restores claimed.
+    /// that it fits next to what is resident and what other restores claimed
+    /// (`CUDA_ERROR_OUT_OF_MEMORY` when it does not, nothing claimed). Returns the claim.
     fn claim(
         &self,
         world: &World,
         entry: &crate::world::state::ProcessEntry,
         map: &[(GpuUuid, GpuUuid)],
-    ) -> Result<(), CUresult> {
+    ) -> Result<Vec<CheckpointedGpu>, CUresult> {
         let id = self.id;
         let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
         let need: Vec<CheckpointedGpu> = world
@@ -922,7 +923,8 @@ impl Runtime {
                 }
                 Ok(())
             })
-            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)??;
+        Ok(need)
     }
 
     /// Finishes a custom-storage restore: the caller has filled the memory; the process takes
@@ -971,33 +973,8 @@ impl Runtime {
                 data,
             });
         }
-        let mut per_gpu: Vec<CheckpointedGpu> = Vec::new();
-        let contexts = world
-            .read_state()
-            .ok()
-            .and_then(|s| s.processes.get(&id).map(|e| e.contexts.clone()))
-            .unwrap_or_default();
         // Every GPU the process has a context on is part of its checkpoint, used or not.
-        for d in &contexts {
-            if !per_gpu.iter().any(|c| c.uuid == *d) {
-                per_gpu.push(CheckpointedGpu {
-                    uuid: *d,
-                    chip: chip_of(world, d.0).unwrap_or_default(),
-                    bytes: 0,
-                });
-            }
-        }
-        for s in &saved {
-            if let Some(c) = per_gpu.iter_mut().find(|c| c.uuid == s.alloc.gpu) {
-                c.bytes += s.alloc.size;
-            } else {
-                per_gpu.push(CheckpointedGpu {
-                    uuid: s.alloc.gpu,
-                    chip: chip_of(world, s.alloc.gpu.0).unwrap_or_default(),
-                    bytes: s.alloc.size,
-                });
-            }
-        }
+        let per_gpu = Self::checkpointed_gpus(world, id, &allocations);
         // The copy to host memory takes the time its bytes need (and is OOM-killed when they
         // do not fit in the host's memory).
         let parts: Vec<(GpuUuid, u64)> = per_gpu.iter().map(|c| (c.uuid.0, c.bytes)).collect();
@@ -1041,43 +1018,8 @@ impl Runtime {
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
         let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
-        // What the process brings back to each GPU of this host.
-        let need: Vec<CheckpointedGpu> = world
-            .config()
-            .gpus
-            .iter()
-            .map(|g| CheckpointedGpu {
-                uuid: g.uuid,
-                chip: g.chip.clone(),
-                bytes: entry
-                    .checkpointed
-                    .iter()
-                    .filter(|c| target(c.uuid.0) == g.uuid.0)
-                    .map(|c| c.bytes)
-                    .sum(),
-            })
-            .filter(|c| c.bytes > 0)
-            .collect();
-        // Claim the memory first, atomically with the check that it fits next to what is
-        // resident (and what other restores claimed): the driver allocates before it copies.
-        world
-            .update(|st| {
-                st.release_dead_claims(|id, e| world.locate(&e.whereabouts(id)) == Presence::Gone);
-                for n in &need {
-                    let cap = world
-                        .config()
-                        .gpu(n.uuid.0)
-                        .map_or(0, |g| g.capacity_bytes());
-                    if st.resident_bytes(n.uuid.0, Some(id)) + n.bytes > cap {
-                        return Err(CUresult::ERROR_OUT_OF_MEMORY);
-                    }
-                }
-                if let Some(e) = st.processes.get_mut(&id) {
-                    e.reserved = need.clone();
-                }
-                Ok(())
-            })
-            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)??;
+        // Claim the memory first: the driver allocates before it copies.
+        let need = self.claim(world, entry, &map)?;
         let release = || {
             let _ = world.update(|st| {
                 if let Some(e) = st.processes.get_mut(&id) {
