@@ -91,6 +91,23 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemsetD8_v2",
     "cuMemGetInfo",
     "cuMemGetInfo_v2",
+    // CUDA 13.4 custom storage, and what its caller copies with.
+    "cuCheckpointOperationComplete",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostRegister",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemcpyDtoHAsync",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyHtoDAsync",
+    "cuMemcpyHtoDAsync_v2",
+    "cuStreamCreate",
+    "cuStreamDestroy",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
 ];
 
 /// File name of the NVML stand-in in a world's `lib/`.

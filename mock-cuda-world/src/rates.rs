@@ -69,15 +69,34 @@ pub struct Part<P, G> {
 /// The rate (bytes/s) of each part, in order: an equal share of each limit (module docs).
 #[must_use]
 pub fn share<P: PartialEq, G: PartialEq>(parts: &[Part<P, G>], limits: &Limits) -> Vec<f64> {
+    share_bypassing(parts, &vec![false; parts.len()], limits)
+}
+
+/// [`share`], where the parts marked in `bypass` do not use the driver's copy path (the copies
+/// of a custom-storage caller, CUDA 13.4): they get an equal share of their link and of the
+/// host only, and do not count against the driver share of their process's other parts.
+#[must_use]
+pub fn share_bypassing<P: PartialEq, G: PartialEq>(
+    parts: &[Part<P, G>],
+    bypass: &[bool],
+    limits: &Limits,
+) -> Vec<f64> {
     let host = parts.len() as f64;
     parts
         .iter()
-        .map(|p| {
-            let own = parts.iter().filter(|q| q.process == p.process).count() as f64;
+        .zip(bypass)
+        .map(|(p, &b)| {
             let link = parts.iter().filter(|q| q.gpu == p.gpu).count() as f64;
-            (limits.driver / own)
-                .min(limits.link / link)
-                .min(limits.host / host)
+            let shared = (limits.link / link).min(limits.host / host);
+            if b {
+                return shared;
+            }
+            let own = parts
+                .iter()
+                .zip(bypass)
+                .filter(|(q, &qb)| !qb && q.process == p.process)
+                .count() as f64;
+            (limits.driver / own).min(shared)
         })
         .collect()
 }

@@ -83,6 +83,12 @@ pub struct ProcessEntry {
     /// over-commit a GPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserved: Vec<CheckpointedGpu>,
+    /// Checkpointed with custom storage (CUDA 13.4): its GPU memory went to wherever the
+    /// caller copied it, not into the process, so it holds no staged host memory, and it
+    /// restores only with custom storage. Also set while such a checkpoint or restore is open
+    /// (CHECKPOINTING, RESTORING).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub custom_storage: bool,
 }
 
 impl ProcessEntry {
@@ -136,15 +142,22 @@ pub struct CheckpointedGpu {
 }
 
 impl StateFile {
-    /// Device memory resident on `gpu`: the allocations of RUNNING and LOCKED processes
-    /// (a checkpointed process holds none) and what restores in progress claimed, leaving
+    /// Device memory resident on `gpu`: the allocations of RUNNING, LOCKED and CHECKPOINTING
+    /// processes (a checkpointed process holds none; a restoring one holds its claim) and what restores in progress claimed, leaving
     /// out `except`. Sizes are logical (a virtual allocation counts in full).
     #[must_use]
     pub fn resident_bytes(&self, gpu: abi::GpuUuid, except: Option<u64>) -> u64 {
         let others = self.processes.iter().filter(|(id, _)| Some(**id) != except);
         let allocated: u64 = others
             .clone()
-            .filter(|(_, e)| matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED))
+            .filter(|(_, e)| {
+                matches!(
+                    e.state(),
+                    CUprocessState::RUNNING
+                        | CUprocessState::LOCKED
+                        | CUprocessState::CHECKPOINTING
+                )
+            })
             .flat_map(|(_, e)| e.allocations.iter())
             .filter(|a| a.gpu.0 == gpu)
             .map(|a| a.size)
@@ -274,6 +287,7 @@ pub(crate) fn test_entry(pid: i32, ns: u64, nspid: i32, state: CUprocessState) -
         allocations: Vec::new(),
         checkpointed: Vec::new(),
         reserved: Vec::new(),
+        custom_storage: false,
     }
 }
 

@@ -27,6 +27,10 @@ pub enum Direction {
     Checkpoint,
     /// Host → GPU (`cuCheckpointProcessRestore`).
     Restore,
+    /// A custom-storage caller's copies (CUDA 13.4: `cuMemcpyDtoH`/`HtoD` on the device
+    /// pointers of an open operation): they use the GPU's link and the host, not the driver's
+    /// own copy path, and stage nothing in the target.
+    Copy,
 }
 
 impl std::fmt::Display for Direction {
@@ -34,6 +38,7 @@ impl std::fmt::Display for Direction {
         f.write_str(match self {
             Direction::Checkpoint => "checkpoint",
             Direction::Restore => "restore",
+            Direction::Copy => "custom-storage copy",
         })
     }
 }
@@ -103,6 +108,7 @@ impl Progress {
         match self.direction {
             Direction::Checkpoint => self.moved(),
             Direction::Restore => self.total() - self.moved(),
+            Direction::Copy => 0,
         }
     }
 }

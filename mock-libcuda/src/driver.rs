@@ -5,6 +5,7 @@
 //! utility) or by the target itself are sent to the target's restore thread through its
 //! mailbox in the world (see [`crate::target`]) and answered from there.
 
+use crate::custom;
 use crate::devmem::{DevmemError, Piece, Sparse};
 use crate::target::{self, Op, Request, Response};
 use crate::world::config::{FaultAction, GpuUuidText};
@@ -26,7 +27,7 @@ pub const MAX_ALLOC: u64 = 1 << ALLOC_SHIFT;
 /// Grace a caller adds to a lock's own `timeoutMs` before it stops waiting for the target.
 const LOCK_GRACE: Duration = Duration::from_millis(250);
 
-type R<T> = Result<T, CUresult>;
+pub(crate) type R<T> = Result<T, CUresult>;
 
 struct Local {
     initialized: bool,
@@ -201,6 +202,16 @@ fn devices(w: &World) -> R<Vec<GpuUuid>> {
         }
     }
     Ok(l.visible.clone())
+}
+
+/// The caller's device table (ordinal -> GPU); `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
+pub(crate) fn device_table(w: &World) -> R<Vec<GpuUuid>> {
+    devices(w)
+}
+
+/// Whether this process called `cuInit`.
+pub(crate) fn initialized() -> bool {
+    local().initialized
 }
 
 fn device_uuid_of(w: &World, dev: i32) -> R<GpuUuid> {
@@ -593,18 +604,25 @@ fn write_pieces(w: &World, dptr: u64, pieces: &[Piece]) -> R<()> {
     Ok(())
 }
 
-/// `cuMemcpyHtoD`.
+/// `cuMemcpyHtoD`. Into a custom-storage operation's range: the target's memory
+/// ([`crate::custom`]), taking the modelled time.
 pub fn memcpy_htod(dptr: u64, src: &[u8]) -> R<()> {
     let w = world()?;
     gated(
         &w,
         "cuMemcpyHtoD",
         &|| format!("dptr={dptr:#x}, bytes={}", src.len()),
-        || write_dev(&w, dptr, src),
+        || {
+            if custom::is_custom(dptr) {
+                custom::htod(&w, dptr, src)
+            } else {
+                write_dev(&w, dptr, src)
+            }
+        },
     )
 }
 
-/// `cuMemcpyDtoH`.
+/// `cuMemcpyDtoH`. From a custom-storage operation's range: the target's memory.
 pub fn memcpy_dtoh(dst: &mut [u8], dptr: u64) -> R<()> {
     let w = world()?;
     let len = dst.len();
@@ -612,8 +630,117 @@ pub fn memcpy_dtoh(dst: &mut [u8], dptr: u64) -> R<()> {
         &w,
         "cuMemcpyDtoH",
         &|| format!("dptr={dptr:#x}, bytes={len}"),
-        || read_dev(&w, dst, dptr),
+        || {
+            if custom::is_custom(dptr) {
+                custom::dtoh(&w, dst, dptr)
+            } else {
+                read_dev(&w, dst, dptr)
+            }
+        },
     )
+}
+
+/// `cuMemcpyHtoDAsync` (`function` names the export): into a custom-storage range the bytes
+/// move now and the stream takes the modelled time; into the caller's own memory it is a
+/// synchronous copy.
+pub fn memcpy_htod_async(function: &str, dptr: u64, src: &[u8], stream: u64) -> R<()> {
+    let w = world()?;
+    gated(
+        &w,
+        function,
+        &|| format!("dptr={dptr:#x}, bytes={}, stream={stream:#x}", src.len()),
+        || {
+            if custom::is_custom(dptr) {
+                custom::htod_async(&w, dptr, src, stream)
+            } else {
+                write_dev(&w, dptr, src)
+            }
+        },
+    )
+}
+
+/// `cuMemcpyDtoHAsync` (`function` names the export).
+pub fn memcpy_dtoh_async(function: &str, dst: &mut [u8], dptr: u64, stream: u64) -> R<()> {
+    let w = world()?;
+    let len = dst.len();
+    gated(
+        &w,
+        function,
+        &|| format!("dptr={dptr:#x}, bytes={len}, stream={stream:#x}"),
+        || {
+            if custom::is_custom(dptr) {
+                custom::dtoh_async(&w, dst, dptr, stream)
+            } else {
+                read_dev(&w, dst, dptr)
+            }
+        },
+    )
+}
+
+/// `cuStreamCreate`.
+pub fn stream_create(flags: u32) -> R<u64> {
+    let w = world()?;
+    gated(&w, "cuStreamCreate", &|| format!("flags={flags}"), || {
+        Ok(custom::stream_create())
+    })
+}
+
+/// `cuStreamDestroy` / `_v2`.
+pub fn stream_destroy(function: &str, stream: u64) -> R<()> {
+    let w = world()?;
+    data_call(&w, function, &|| format!("stream={stream:#x}"), || {
+        custom::stream_destroy(stream)
+    })
+}
+
+/// `cuStreamSynchronize`: waits for the stream's modelled copies.
+pub fn stream_synchronize(stream: u64) -> R<()> {
+    let w = world()?;
+    gated(
+        &w,
+        "cuStreamSynchronize",
+        &|| format!("stream={stream:#x}"),
+        || custom::stream_synchronize(stream),
+    )
+}
+
+/// `cuStreamBeginCapture_v2` (the capture mode is not modelled).
+pub fn stream_begin_capture(stream: u64, mode: i32) -> R<()> {
+    let w = world()?;
+    data_call(
+        &w,
+        "cuStreamBeginCapture_v2",
+        &|| format!("stream={stream:#x}, mode={mode}"),
+        || custom::stream_begin_capture(stream),
+    )
+}
+
+/// `cuStreamEndCapture`: the graph handle.
+pub fn stream_end_capture(stream: u64) -> R<u64> {
+    let w = world()?;
+    data_call(
+        &w,
+        "cuStreamEndCapture",
+        &|| format!("stream={stream:#x}"),
+        || custom::stream_end_capture(stream),
+    )
+}
+
+/// A host-memory call (`cuMemHostAlloc`, `cuMemHostRegister`, …): needs `cuInit`; runs `op`
+/// (the allocation or bookkeeping, done by the caller in [`crate::ffi`]) under faults and
+/// tracing.
+pub fn host_memory<T>(
+    function: &str,
+    args: &dyn Fn() -> String,
+    op: impl FnOnce() -> R<T>,
+) -> R<T> {
+    let w = world()?;
+    data_call(&w, function, args, || {
+        if !local().initialized {
+            return Err(CUresult::ERROR_NOT_INITIALIZED);
+        }
+        op()
+    })
 }
 
 /// `cuMemcpyDtoD`.
@@ -846,6 +973,62 @@ pub fn restore(pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> R<()> {
             .collect();
         send(&w, t, Op::Restore { pairs }, request_deadline(&w))
     })
+}
+
+/// The world's entry of a target.
+pub(crate) fn entry(w: &World, t: Target) -> R<crate::world::state::ProcessEntry> {
+    entry_of(w, t)
+}
+
+/// Sends `op` to a target with the request timeout.
+pub(crate) fn send_op(w: &World, t: Target, op: Op) -> R<()> {
+    send(w, t, op, request_deadline(w))
+}
+
+/// `cuCheckpointProcessCheckpoint` with custom storage (a non-NULL `customStorageInfo_out`,
+/// CUDA 13.4): the target goes to CHECKPOINTING; returns the operation ([`custom`]).
+pub fn checkpoint_custom(pid: i32) -> R<custom::Opened> {
+    let w = world()?;
+    let tgid = crate::ffi::sys::tgid_of(pid);
+    call(
+        &w,
+        "cuCheckpointProcessCheckpoint",
+        tgid,
+        &|| format!("pid={pid}, customStorageInfo_out"),
+        || custom::open_checkpoint(&w, pid),
+    )
+}
+
+/// `cuCheckpointProcessRestore` with custom storage: the target goes to RESTORING.
+pub fn restore_custom(pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> R<custom::Opened> {
+    let w = world()?;
+    let tgid = crate::ffi::sys::tgid_of(pid);
+    let args = || {
+        if pairs.is_empty() {
+            format!("pid={pid}, customStorageInfo_out")
+        } else {
+            format!(
+                "pid={pid}, gpuPairs={}, customStorageInfo_out",
+                pairs_arg(pairs)
+            )
+        }
+    };
+    call(&w, "cuCheckpointProcessRestore", tgid, &args, || {
+        custom::open_restore(&w, pid, pairs)
+    })
+}
+
+/// `cuCheckpointOperationComplete`.
+pub fn operation_complete(handle: u64) -> R<()> {
+    let w = world()?;
+    let target = custom::target_of(handle);
+    call(
+        &w,
+        "cuCheckpointOperationComplete",
+        target,
+        &|| format!("handle={handle:#x}"),
+        || custom::complete(&w, handle),
+    )
 }
 
 /// `cuCheckpointProcessUnlock`.

@@ -5,6 +5,8 @@
 //! * [`driver`] holds the behaviour of every driver entry point, in safe Rust.
 //! * [`target`] holds what lives inside a CUDA process: the restore thread, the API gate, device
 //!   memory moves on checkpoint and restore.
+//! * [`custom`] holds custom storage (CUDA 13.4), the caller's side: operations, their device
+//!   pointers, streams, the caller's copies.
 //! * [`devmem`] holds virtual device memory: allocations accounted at their size that store
 //!   only a bounded sample of real bytes.
 //! * [`cli`] holds the `cuda-checkpoint` command line the driver serves through its export table.
@@ -18,6 +20,7 @@
 pub mod cli;
 pub mod cli_api;
 pub mod cli_entry;
+pub mod custom;
 pub mod devmem;
 pub mod driver;
 #[expect(

@@ -96,6 +96,20 @@ pub enum Op {
     Unlock,
     /// Fault injection: enter CU_PROCESS_STATE_FAILED.
     Fail,
+    /// A checkpoint with custom storage (CUDA 13.4): LOCKED -> CHECKPOINTING, the memory left
+    /// where it is for the caller to copy. `caller` names the caller's liveness file (relative
+    /// to the world): the caller holds a `flock` on it while it lives.
+    CustomCheckpoint {
+        caller: String,
+    },
+    /// A restore with custom storage: CHECKPOINTED (with custom storage) -> RESTORING, the
+    /// memory claimed and mapped (empty) for the caller to fill.
+    CustomRestore {
+        pairs: Vec<(GpuUuidText, GpuUuidText)>,
+        caller: String,
+    },
+    /// `cuCheckpointOperationComplete`: finishes the open custom-storage operation.
+    Complete,
 }
 
 impl Op {
@@ -108,6 +122,9 @@ impl Op {
             Op::Restore { .. } => "cuCheckpointProcessRestore",
             Op::Unlock => "cuCheckpointProcessUnlock",
             Op::Fail => "fail-fault",
+            Op::CustomCheckpoint { .. } => "cuCheckpointProcessCheckpoint",
+            Op::CustomRestore { .. } => "cuCheckpointProcessRestore",
+            Op::Complete => "cuCheckpointOperationComplete",
         }
     }
 }
@@ -155,6 +172,20 @@ struct SavedAlloc {
     data: Vec<u8>,
 }
 
+/// The open custom-storage operation of a process (CUDA 13.4), kept by its restore thread.
+#[derive(Debug, Clone)]
+struct OpenOp {
+    /// A restore (else a checkpoint).
+    restore: bool,
+    /// The caller's liveness file, relative to the world.
+    caller: String,
+    /// A restore's GPU map (old -> new).
+    map: Vec<(GpuUuid, GpuUuid)>,
+}
+
+/// Directory of the world where custom-storage callers keep their liveness files.
+pub const CALLERS_DIR: &str = "callers";
+
 /// The runtime of a CUDA process.
 pub struct Runtime {
     world: Arc<World>,
@@ -176,6 +207,10 @@ pub struct Runtime {
     /// The world's entry as it was when this process was checkpointed: a process restored from
     /// the same images again (after the world forgot it) announces itself with it.
     checkpoint_entry: Mutex<Option<crate::world::state::ProcessEntry>>,
+    /// The open custom-storage operation, if any (only the restore thread touches it).
+    open_op: Mutex<Option<OpenOp>>,
+    /// Checkpointed with custom storage: restores only with custom storage.
+    custom: AtomicBool,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -226,6 +261,8 @@ pub fn ensure_registered(
         request: AtomicU64::new(0),
         bell: OnceLock::new(),
         checkpoint_entry: Mutex::new(None),
+        open_op: Mutex::new(None),
+        custom: AtomicBool::new(false),
         current: Mutex::new((
             Arc::clone(world),
             std::fs::metadata(world.dir().join("world.toml"))
@@ -272,6 +309,7 @@ pub fn ensure_registered(
                     allocations: Vec::new(),
                     checkpointed: Vec::new(),
                     reserved: Vec::new(),
+                    custom_storage: false,
                 },
             );
         })
@@ -281,7 +319,7 @@ pub fn ensure_registered(
 }
 
 /// The calling process's identity (its pid namespace is 0 when `/proc` cannot tell it).
-fn own_identity() -> NsIdentity {
+pub(crate) fn own_identity() -> NsIdentity {
     pidns::own_identity().unwrap_or(NsIdentity {
         ns: 0,
         pid: std::process::id() as i32,
@@ -416,6 +454,8 @@ impl Runtime {
             // Restored into a new pid namespace: the world learns the identity it has now.
             self.follow_namespace();
             let Some(req) = take_request(&req_path) else {
+                // An open custom-storage operation whose caller died is aborted.
+                self.watch_caller();
                 match (bell, seen) {
                     (Some(b), Some(seen)) => b.wait(BELL_REQUEST, seen, IDLE_WAIT),
                     _ => std::thread::sleep(POLL),
@@ -580,6 +620,10 @@ impl Runtime {
                 if g.state() != CUprocessState::CHECKPOINTED {
                     return CUresult::ERROR_ILLEGAL_STATE;
                 }
+                if self.custom.load(SeqCst) {
+                    // Checkpointed with custom storage: nothing to restore from host memory.
+                    return CUresult::ERROR_INVALID_VALUE;
+                }
                 let pairs: Vec<(GpuUuid, GpuUuid)> =
                     pairs.iter().map(|(a, b)| (a.0, b.0)).collect();
                 match self.restore_memory(&pairs) {
@@ -587,7 +631,326 @@ impl Runtime {
                     Err(code) => code,
                 }
             }
+            Op::CustomCheckpoint { caller } => {
+                if g.state() != CUprocessState::LOCKED {
+                    return CUresult::ERROR_ILLEGAL_STATE;
+                }
+                *self.open_op.lock().unwrap_or_else(|p| p.into_inner()) = Some(OpenOp {
+                    restore: false,
+                    caller: caller.clone(),
+                    map: Vec::new(),
+                });
+                self.set_state_custom(CUprocessState::CHECKPOINTING, true)
+            }
+            Op::CustomRestore { pairs, caller } => {
+                if g.state() != CUprocessState::CHECKPOINTED {
+                    return CUresult::ERROR_ILLEGAL_STATE;
+                }
+                if !self.custom.load(SeqCst) {
+                    // Checkpointed to host memory: restores only from there.
+                    return CUresult::ERROR_INVALID_VALUE;
+                }
+                let pairs: Vec<(GpuUuid, GpuUuid)> =
+                    pairs.iter().map(|(a, b)| (a.0, b.0)).collect();
+                match self.open_custom_restore(&pairs) {
+                    Ok(map) => {
+                        *self.open_op.lock().unwrap_or_else(|p| p.into_inner()) = Some(OpenOp {
+                            restore: true,
+                            caller: caller.clone(),
+                            map,
+                        });
+                        self.set_state_custom(CUprocessState::RESTORING, true)
+                    }
+                    Err(code) => code,
+                }
+            }
+            Op::Complete => {
+                let open = self
+                    .open_op
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                let Some(open) = open else {
+                    return CUresult::ERROR_INVALID_VALUE;
+                };
+                let r = if open.restore {
+                    self.finish_custom_restore(&open.map)
+                } else {
+                    self.finish_custom_checkpoint()
+                };
+                match r {
+                    Ok(()) => {
+                        *self.open_op.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        if open.restore {
+                            self.custom.store(false, SeqCst);
+                            self.set_state_custom(CUprocessState::LOCKED, false)
+                        } else {
+                            self.custom.store(true, SeqCst);
+                            self.set_state_custom(CUprocessState::CHECKPOINTED, true)
+                        }
+                    }
+                    Err(code) => code,
+                }
+            }
         }
+    }
+
+    /// Sets the state and the entry's custom-storage mark at once.
+    fn set_state_custom(&self, state: CUprocessState, custom: bool) -> CUresult {
+        self.gate.state.store(state.0, SeqCst);
+        let id = self.id;
+        let r = self.world().update(|st| {
+            if let Some(e) = st.processes.get_mut(&id) {
+                e.state = state.0;
+                e.custom_storage = custom;
+            }
+        });
+        if r.is_ok() {
+            CUresult::SUCCESS
+        } else {
+            CUresult::ERROR_OPERATING_SYSTEM
+        }
+    }
+
+    /// Aborts the open custom-storage operation when its caller is gone (its liveness file is
+    /// no longer locked): a checkpoint returns to LOCKED with the memory untouched, a restore
+    /// to CHECKPOINTED with its claim released (and the memory it mapped dropped).
+    fn watch_caller(&self) {
+        let open = self
+            .open_op
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(open) = open else {
+            return;
+        };
+        let world = self.world();
+        let path = world.dir().join(&open.caller);
+        let gone =
+            !path.exists() || crate::ffi::sys::FileLock::acquire(&path, Instant::now()).is_ok();
+        if !gone {
+            return;
+        }
+        let id = self.id;
+        if open.restore {
+            let allocations = world
+                .read_state()
+                .ok()
+                .and_then(|s| s.processes.get(&id).map(|e| e.allocations.clone()))
+                .unwrap_or_default();
+            for a in &allocations {
+                let _ = std::fs::remove_file(world.devmem_path(id, a.id));
+            }
+            let _ = world.update(|st| {
+                if let Some(e) = st.processes.get_mut(&id) {
+                    e.reserved.clear();
+                }
+            });
+            let _ = self.set_state_custom(CUprocessState::CHECKPOINTED, true);
+        } else {
+            let _ = self.set_state_custom(CUprocessState::LOCKED, false);
+        }
+        *self.open_op.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let from = if open.restore {
+            "RESTORING -> CHECKPOINTED"
+        } else {
+            "CHECKPOINTING -> LOCKED"
+        };
+        world.trace(
+            "custom-storage-abort",
+            &format!("caller={}, {from}", open.caller),
+            &CUresult::SUCCESS.to_string(),
+        );
+    }
+
+    /// The GPUs a checkpoint of this process holds state of: every GPU it has a context on,
+    /// and every GPU it has memory on, with the bytes of its allocations there.
+    fn checkpointed_gpus(
+        world: &World,
+        id: u64,
+        allocations: &[Allocation],
+    ) -> Vec<CheckpointedGpu> {
+        let mut per_gpu: Vec<CheckpointedGpu> = Vec::new();
+        let contexts = world
+            .read_state()
+            .ok()
+            .and_then(|s| s.processes.get(&id).map(|e| e.contexts.clone()))
+            .unwrap_or_default();
+        for d in &contexts {
+            if !per_gpu.iter().any(|c| c.uuid == *d) {
+                per_gpu.push(CheckpointedGpu {
+                    uuid: *d,
+                    chip: chip_of(world, d.0).unwrap_or_default(),
+                    bytes: 0,
+                });
+            }
+        }
+        for a in allocations {
+            if let Some(c) = per_gpu.iter_mut().find(|c| c.uuid == a.gpu) {
+                c.bytes += a.size;
+            } else {
+                per_gpu.push(CheckpointedGpu {
+                    uuid: a.gpu,
+                    chip: chip_of(world, a.gpu.0).unwrap_or_default(),
+                    bytes: a.size,
+                });
+            }
+        }
+        per_gpu
+    }
+
+    /// Finishes a custom-storage checkpoint: the caller has copied the memory; the process
+    /// releases it and its GPU handle, and holds nothing staged.
+    fn finish_custom_checkpoint(&self) -> Result<(), CUresult> {
+        let world = &*self.world();
+        let id = self.id;
+        let allocations = world
+            .read_state()
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
+            .processes
+            .get(&id)
+            .map(|e| e.allocations.clone())
+            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        let per_gpu = Self::checkpointed_gpus(world, id, &allocations);
+        world
+            .update(|st| {
+                if let Some(e) = st.processes.get_mut(&id) {
+                    e.checkpointed = per_gpu;
+                    e.custom_storage = true;
+                }
+            })
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        for a in &allocations {
+            let _ = std::fs::remove_file(world.devmem_path(id, a.id));
+        }
+        let mut entry = world
+            .read_state()
+            .ok()
+            .and_then(|s| s.processes.get(&id).cloned());
+        if let Some(e) = entry.as_mut() {
+            e.state = CUprocessState::CHECKPOINTED.0;
+        }
+        *self
+            .checkpoint_entry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = entry;
+        self.saved.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
+    }
+
+    /// Opens a custom-storage restore: checks the GPU map, claims the memory on the new GPUs
+    /// (`CUDA_ERROR_OUT_OF_MEMORY` when it does not fit, nothing changed) and maps every
+    /// allocation, empty, for the caller to fill. Returns the map (old -> new).
+    fn open_custom_restore(
+        &self,
+        pairs: &[(GpuUuid, GpuUuid)],
+    ) -> Result<Vec<(GpuUuid, GpuUuid)>, CUresult> {
+        let world = &*self.world();
+        let id = self.id;
+        let entry = world
+            .read_state()
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
+            .processes
+            .get(&id)
+            .cloned()
+            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
+        self.claim(world, &entry, &map)?;
+        for a in &entry.allocations {
+            let path = world.devmem_path(id, a.id);
+            let made = if a.sampled {
+                std::fs::write(&path, crate::devmem::Sparse::new(a.size).encode())
+            } else {
+                std::fs::File::create(&path).and_then(|f| f.set_len(a.size))
+            };
+            if made.is_err() {
+                for b in &entry.allocations {
+                    let _ = std::fs::remove_file(world.devmem_path(id, b.id));
+                }
+                let _ = world.update(|st| {
+                    if let Some(e) = st.processes.get_mut(&id) {
+                        e.reserved.clear();
+                    }
+                });
+                return Err(CUresult::ERROR_OPERATING_SYSTEM);
+            }
+        }
+        Ok(map)
+    }
+
+    /// Claims the GPU memory a restore of `entry` needs under `map`, atomically with the check
+    /// that it fits next to what is resident and what other restores claimed
+    /// (`CUDA_ERROR_OUT_OF_MEMORY` when it does not, nothing claimed). Returns the claim.
+    fn claim(
+        &self,
+        world: &World,
+        entry: &crate::world::state::ProcessEntry,
+        map: &[(GpuUuid, GpuUuid)],
+    ) -> Result<Vec<CheckpointedGpu>, CUresult> {
+        let id = self.id;
+        let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
+        let need: Vec<CheckpointedGpu> = world
+            .config()
+            .gpus
+            .iter()
+            .map(|g| CheckpointedGpu {
+                uuid: g.uuid,
+                chip: g.chip.clone(),
+                bytes: entry
+                    .checkpointed
+                    .iter()
+                    .filter(|c| target(c.uuid.0) == g.uuid.0)
+                    .map(|c| c.bytes)
+                    .sum(),
+            })
+            .filter(|c| c.bytes > 0)
+            .collect();
+        world
+            .update(|st| {
+                st.release_dead_claims(|id, e| world.locate(&e.whereabouts(id)) == Presence::Gone);
+                for n in &need {
+                    let cap = world
+                        .config()
+                        .gpu(n.uuid.0)
+                        .map_or(0, |g| g.capacity_bytes());
+                    if st.resident_bytes(n.uuid.0, Some(id)) + n.bytes > cap {
+                        return Err(CUresult::ERROR_OUT_OF_MEMORY);
+                    }
+                }
+                if let Some(e) = st.processes.get_mut(&id) {
+                    e.reserved = need.clone();
+                }
+                Ok(())
+            })
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)??;
+        Ok(need)
+    }
+
+    /// Finishes a custom-storage restore: the caller has filled the memory; the process takes
+    /// it on its new GPUs and re-acquires its GPU handle.
+    fn finish_custom_restore(&self, map: &[(GpuUuid, GpuUuid)]) -> Result<(), CUresult> {
+        let world = &*self.world();
+        let id = self.id;
+        let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
+        world
+            .update(|st| {
+                if let Some(e) = st.processes.get_mut(&id) {
+                    for a in &mut e.allocations {
+                        a.gpu = GpuUuidText(target(a.gpu.0));
+                    }
+                    for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
+                        *d = GpuUuidText(target(d.0));
+                    }
+                    e.checkpointed.clear();
+                    e.reserved.clear();
+                    e.custom_storage = false;
+                }
+            })
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) =
+            crate::ffi::sys::open_gpu_handle();
+        Ok(())
     }
 
     /// Moves every allocation from the world into this process's memory.
@@ -610,33 +973,8 @@ impl Runtime {
                 data,
             });
         }
-        let mut per_gpu: Vec<CheckpointedGpu> = Vec::new();
-        let contexts = world
-            .read_state()
-            .ok()
-            .and_then(|s| s.processes.get(&id).map(|e| e.contexts.clone()))
-            .unwrap_or_default();
         // Every GPU the process has a context on is part of its checkpoint, used or not.
-        for d in &contexts {
-            if !per_gpu.iter().any(|c| c.uuid == *d) {
-                per_gpu.push(CheckpointedGpu {
-                    uuid: *d,
-                    chip: chip_of(world, d.0).unwrap_or_default(),
-                    bytes: 0,
-                });
-            }
-        }
-        for s in &saved {
-            if let Some(c) = per_gpu.iter_mut().find(|c| c.uuid == s.alloc.gpu) {
-                c.bytes += s.alloc.size;
-            } else {
-                per_gpu.push(CheckpointedGpu {
-                    uuid: s.alloc.gpu,
-                    chip: chip_of(world, s.alloc.gpu.0).unwrap_or_default(),
-                    bytes: s.alloc.size,
-                });
-            }
-        }
+        let per_gpu = Self::checkpointed_gpus(world, id, &allocations);
         // The copy to host memory takes the time its bytes need (and is OOM-killed when they
         // do not fit in the host's memory).
         let parts: Vec<(GpuUuid, u64)> = per_gpu.iter().map(|c| (c.uuid.0, c.bytes)).collect();
@@ -680,43 +1018,8 @@ impl Runtime {
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
         let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
-        // What the process brings back to each GPU of this host.
-        let need: Vec<CheckpointedGpu> = world
-            .config()
-            .gpus
-            .iter()
-            .map(|g| CheckpointedGpu {
-                uuid: g.uuid,
-                chip: g.chip.clone(),
-                bytes: entry
-                    .checkpointed
-                    .iter()
-                    .filter(|c| target(c.uuid.0) == g.uuid.0)
-                    .map(|c| c.bytes)
-                    .sum(),
-            })
-            .filter(|c| c.bytes > 0)
-            .collect();
-        // Claim the memory first, atomically with the check that it fits next to what is
-        // resident (and what other restores claimed): the driver allocates before it copies.
-        world
-            .update(|st| {
-                st.release_dead_claims(|id, e| world.locate(&e.whereabouts(id)) == Presence::Gone);
-                for n in &need {
-                    let cap = world
-                        .config()
-                        .gpu(n.uuid.0)
-                        .map_or(0, |g| g.capacity_bytes());
-                    if st.resident_bytes(n.uuid.0, Some(id)) + n.bytes > cap {
-                        return Err(CUresult::ERROR_OUT_OF_MEMORY);
-                    }
-                }
-                if let Some(e) = st.processes.get_mut(&id) {
-                    e.reserved = need.clone();
-                }
-                Ok(())
-            })
-            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)??;
+        // Claim the memory first: the driver allocates before it copies.
+        let need = self.claim(world, entry, &map)?;
         let release = || {
             let _ = world.update(|st| {
                 if let Some(e) = st.processes.get_mut(&id) {
@@ -770,7 +1073,7 @@ impl Runtime {
         let scale = cfg.rates.time_scale;
         let host_memory = match direction {
             Direction::Checkpoint => cfg.host.memory_bytes(),
-            Direction::Restore => None,
+            Direction::Restore | Direction::Copy => None,
         };
         let total: u64 = parts.iter().map(|p| p.1).sum();
         let alone = rates::duration(
@@ -812,15 +1115,17 @@ impl Runtime {
                 .into_iter()
                 .filter(|p| p.id != self.id)
                 .collect();
-            let mut all: Vec<Part<u64, GpuUuid>> = others
-                .iter()
-                .flat_map(|p| {
-                    p.gpus.iter().filter(|g| g.active()).map(|g| Part {
+            let mut all: Vec<Part<u64, GpuUuid>> = Vec::new();
+            let mut bypass: Vec<bool> = Vec::new();
+            for p in &others {
+                for g in p.gpus.iter().filter(|g| g.active()) {
+                    all.push(Part {
                         process: p.id,
                         gpu: g.uuid.0,
-                    })
-                })
-                .collect();
+                    });
+                    bypass.push(p.direction == Direction::Copy);
+                }
+            }
             let first_mine = all.len();
             let mine: Vec<usize> = (0..parts.len())
                 .filter(|&k| progress.gpus[k].active())
@@ -829,7 +1134,8 @@ impl Runtime {
                 process: self.id,
                 gpu: parts[k].0,
             }));
-            let shares = rates::share(&all, &limits);
+            bypass.resize(all.len(), false);
+            let shares = rates::share_bypassing(&all, &bypass, &limits);
             let my_rates = &shares[first_mine..];
             // Modelled seconds until the next part finishes, or the staged bytes fill the host.
             let mut next = mine
@@ -901,6 +1207,7 @@ impl Runtime {
                 if *id != self.id
                     && !transferring
                     && e.state() == CUprocessState::CHECKPOINTED
+                    && !e.custom_storage
                     && world.locate(&e.whereabouts(*id)) != Presence::Gone
                 {
                     sum += e.checkpointed.iter().map(|c| c.bytes).sum::<u64>();

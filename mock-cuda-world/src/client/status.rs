@@ -22,6 +22,10 @@ pub enum CudaState {
     Locked,
     Checkpointed,
     Failed,
+    /// A custom-storage checkpoint is open (CUDA 13.4).
+    Checkpointing,
+    /// A custom-storage restore is open (CUDA 13.4).
+    Restoring,
     /// Another `CUprocessState` value.
     Other(u32),
 }
@@ -35,11 +39,14 @@ impl CudaState {
             1 => CudaState::Locked,
             2 => CudaState::Checkpointed,
             3 => CudaState::Failed,
+            4 => CudaState::Checkpointing,
+            5 => CudaState::Restoring,
             n => CudaState::Other(n),
         }
     }
 
-    /// Its name: `none`, `running`, `locked`, `checkpointed`, `failed` or `other`.
+    /// Its name: `none`, `running`, `locked`, `checkpointed`, `failed`, `checkpointing`,
+    /// `restoring` or `other`.
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
@@ -48,6 +55,8 @@ impl CudaState {
             CudaState::Locked => "locked",
             CudaState::Checkpointed => "checkpointed",
             CudaState::Failed => "failed",
+            CudaState::Checkpointing => "checkpointing",
+            CudaState::Restoring => "restoring",
             CudaState::Other(_) => "other",
         }
     }
@@ -154,11 +163,13 @@ impl ProcessStatus {
     }
 
     /// Host memory its checkpoint holds: what a transfer in progress has staged so far, all of
-    /// it once checkpointed, else nothing.
+    /// it once checkpointed, else nothing. A custom-storage checkpoint stages nothing (the
+    /// caller copied the memory out).
     #[must_use]
     pub fn staged_bytes(&self) -> u64 {
         match &self.transfer {
             Some(t) => t.staged(),
+            None if self.entry.custom_storage => 0,
             None if self.entry.state() == CUprocessState::CHECKPOINTED => {
                 self.entry.checkpointed.iter().map(|c| c.bytes).sum()
             }

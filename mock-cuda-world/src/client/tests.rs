@@ -328,8 +328,8 @@ fn cuda_state_names_are_the_harness_s_words() {
         (1, "locked"),
         (2, "checkpointed"),
         (3, "failed"),
-        (4, "other"),
-        (5, "other"),
+        (4, "checkpointing"),
+        (5, "restoring"),
         (77, "other"),
     ] {
         assert_eq!(CudaState::from_raw(raw).name(), name, "{raw}");

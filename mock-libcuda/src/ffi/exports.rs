@@ -16,15 +16,19 @@
 
 use crate::driver;
 use abi::cuda::{
-    proc_address_query, CUcontext, CUdevice, CUdeviceptr, CheckpointCliExportTable, ReservedBytes,
-    CHECKPOINT_CLI_EXPORT_TABLE_ID, GPU_PAIRS_MIN_DRIVER_VERSION,
+    proc_address_query, CUcheckpointCustomStorageInfo, CUcheckpointCustomStoragePerDeviceData,
+    CUcheckpointOperationHandle, CUcontext, CUdevice, CUdeviceptr, CUstream,
+    CheckpointCliExportTable, ReservedBytes, CHECKPOINT_CLI_EXPORT_TABLE_ID,
+    GPU_PAIRS_MIN_DRIVER_VERSION,
 };
 use abi::{
     CUcheckpointCheckpointArgs, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
     CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid, GpuUuid,
 };
 use mock_cuda_world::panic_guard;
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uchar, c_uint, c_void, CStr};
+use std::sync::Mutex;
 
 /// Runs `f` under the panic guard ([`panic_guard::guard`]; a panic is `CUDA_ERROR_UNKNOWN`),
 /// turning `Result<(), CUresult>` into a `CUresult`.
@@ -298,6 +302,23 @@ fn proc_table() -> Vec<ProcEntry> {
         e!("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
         e!("cuMemsetD8", 3020, cuMemsetD8_v2),
         e!("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+        e!(
+            "cuCheckpointOperationComplete",
+            13040,
+            cuCheckpointOperationComplete
+        ),
+        e!("cuMemHostAlloc", 2020, cuMemHostAlloc),
+        e!("cuMemFreeHost", 2000, cuMemFreeHost),
+        e!("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+        e!("cuMemHostRegister", 4000, cuMemHostRegister),
+        e!("cuMemHostUnregister", 4000, cuMemHostUnregister),
+        e!("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+        e!("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+        e!("cuStreamCreate", 2000, cuStreamCreate),
+        e!("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+        e!("cuStreamSynchronize", 2000, cuStreamSynchronize),
+        e!("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+        e!("cuStreamEndCapture", 10000, cuStreamEndCapture),
     ]
 }
 
@@ -509,7 +530,81 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
         if !a.reserved_clear(world_cuda_version()) {
             return reject("cuCheckpointProcessCheckpoint", pid, "reserved bytes set");
         }
+        if !a.custom_storage_info_out.is_null() {
+            let opened = driver::checkpoint_custom(pid)?;
+            // SAFETY: a non-NULL customStorageInfo_out is a valid
+            // `CUcheckpointCustomStorageInfo **` (API contract).
+            unsafe { hand_out(a.custom_storage_info_out, &opened) };
+            return Ok(());
+        }
         driver::checkpoint(pid)
+    })
+}
+
+/// The info structs handed out for open operations, by handle (freed at Complete).
+static HANDED_OUT: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
+
+/// Allocates the `CUcheckpointCustomStorageInfo` of an opened operation (and its per-device
+/// array) and stores its address through `out`. Both stay valid until the operation's
+/// `cuCheckpointOperationComplete` succeeds.
+///
+/// # Safety
+/// `out` must be valid for a write of a pointer.
+unsafe fn hand_out(out: *mut *mut CUcheckpointCustomStorageInfo, opened: &crate::custom::Opened) {
+    let per: Box<[CUcheckpointCustomStoragePerDeviceData]> = opened
+        .devices
+        .iter()
+        .map(|d| CUcheckpointCustomStoragePerDeviceData {
+            dev_ptr: d.dev_ptr,
+            size: d.size as usize,
+            stream: d.stream as CUstream,
+        })
+        .collect();
+    let count = per.len() as u32;
+    let info = Box::new(CUcheckpointCustomStorageInfo {
+        handle: opened.handle as CUcheckpointOperationHandle,
+        per_device_data: Box::into_raw(per).cast::<CUcheckpointCustomStoragePerDeviceData>(),
+        device_count: count,
+    });
+    let raw = Box::into_raw(info);
+    HANDED_OUT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(opened.handle, raw as usize);
+    // SAFETY: valid for a pointer write (the caller's contract).
+    unsafe { out.write_unaligned(raw) };
+}
+
+/// Frees what [`hand_out`] allocated for `handle`.
+fn take_back(handle: u64) {
+    let raw = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+        .and_then(|m| m.remove(&handle));
+    if let Some(raw) = raw {
+        let info = raw as *mut CUcheckpointCustomStorageInfo;
+        // SAFETY: `raw` came from `Box::into_raw` in `hand_out` and is freed once (removed from
+        // the map above); the array was a boxed slice of `device_count` entries.
+        unsafe {
+            let info = Box::from_raw(info);
+            let per = std::ptr::slice_from_raw_parts_mut(
+                info.per_device_data,
+                info.device_count as usize,
+            );
+            drop(Box::from_raw(per));
+        }
+    }
+}
+
+/// `CUresult cuCheckpointOperationComplete(CUcheckpointOperationHandle handle)` (CUDA 13.4).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCheckpointOperationComplete(handle: CUcheckpointOperationHandle) -> CUresult {
+    guard("cuCheckpointOperationComplete", || {
+        driver::operation_complete(handle as u64)?;
+        take_back(handle as u64);
+        Ok(())
     })
 }
 
@@ -542,6 +637,13 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
                 .iter()
                 .map(|p| (GpuUuid::from_cu(p.old_uuid), GpuUuid::from_cu(p.new_uuid)))
                 .collect();
+        }
+        if !a.custom_storage_info_out.is_null() {
+            let opened = driver::restore_custom(pid, &pairs)?;
+            // SAFETY: a non-NULL customStorageInfo_out is a valid
+            // `CUcheckpointCustomStorageInfo **` (API contract).
+            unsafe { hand_out(a.custom_storage_info_out, &opened) };
+            return Ok(());
         }
         driver::restore(pid, &pairs)
     })
@@ -791,6 +893,279 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     guard("cuMemGetInfo_v2", || mem_get_info(free, total))
 }
 
+// ----------------------------------------------------------------------------- host memory
+
+/// Host allocations of `cuMemHostAlloc` (address -> size), and registered ranges.
+static HOST_ALLOCS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+static HOST_REGISTERED: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+
+/// Alignment of `cuMemHostAlloc` memory (callers use it with `O_DIRECT`).
+pub const HOST_ALIGN: usize = 4096;
+
+/// `CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)`: page-aligned
+/// (4096) host memory, zeroed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> CUresult {
+    guard("cuMemHostAlloc", || {
+        driver::host_memory(
+            "cuMemHostAlloc",
+            &|| format!("bytes={bytes}, flags={flags}"),
+            || {
+                if pp.is_null() || bytes == 0 {
+                    return Err(CUresult::ERROR_INVALID_VALUE);
+                }
+                let layout = std::alloc::Layout::from_size_align(bytes, HOST_ALIGN)
+                    .map_err(|_| CUresult::ERROR_OUT_OF_MEMORY)?;
+                // SAFETY: the layout has a non-zero size.
+                let p = unsafe { std::alloc::alloc_zeroed(layout) };
+                if p.is_null() {
+                    return Err(CUresult::ERROR_OUT_OF_MEMORY);
+                }
+                HOST_ALLOCS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(HashMap::new)
+                    .insert(p as usize, bytes);
+                // SAFETY: checked non-NULL; the caller passes a valid `void **`.
+                unsafe { put(pp, p.cast::<c_void>()) }
+            },
+        )
+    })
+}
+
+/// `CUresult cuMemFreeHost(void *p)`: memory not from `cuMemHostAlloc` is INVALID_VALUE.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    guard("cuMemFreeHost", || {
+        driver::host_memory("cuMemFreeHost", &|| format!("p={p:p}"), || {
+            let bytes = HOST_ALLOCS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+                .and_then(|m| m.remove(&(p as usize)))
+                .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+            let layout = std::alloc::Layout::from_size_align(bytes, HOST_ALIGN)
+                .map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+            // SAFETY: `p` was allocated by `cuMemHostAlloc` with this layout and is freed once
+            // (removed from the map above).
+            unsafe { std::alloc::dealloc(p.cast::<u8>(), layout) };
+            Ok(())
+        })
+    })
+}
+
+fn host_register(
+    function: &str,
+    p: *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> Result<(), CUresult> {
+    driver::host_memory(
+        function,
+        &|| format!("p={p:p}, bytes={bytes}, flags={flags}"),
+        || {
+            if p.is_null() || bytes == 0 {
+                return Err(CUresult::ERROR_INVALID_VALUE);
+            }
+            let mut m = HOST_REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+            let m = m.get_or_insert_with(HashMap::new);
+            if m.contains_key(&(p as usize)) {
+                return Err(CUresult::ERROR_INVALID_VALUE);
+            }
+            m.insert(p as usize, bytes);
+            Ok(())
+        },
+    )
+}
+
+/// `CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)`: recorded only
+/// (every host buffer can be copied from in the mock).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister(p: *mut c_void, bytes: usize, flags: c_uint) -> CUresult {
+    guard("cuMemHostRegister", || {
+        host_register("cuMemHostRegister", p, bytes, flags)
+    })
+}
+
+/// `CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, flags: c_uint) -> CUresult {
+    guard("cuMemHostRegister_v2", || {
+        host_register("cuMemHostRegister_v2", p, bytes, flags)
+    })
+}
+
+/// `CUresult cuMemHostUnregister(void *p)`: a range not registered is INVALID_VALUE.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    guard("cuMemHostUnregister", || {
+        driver::host_memory("cuMemHostUnregister", &|| format!("p={p:p}"), || {
+            HOST_REGISTERED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+                .and_then(|m| m.remove(&(p as usize)))
+                .map(|_| ())
+                .ok_or(CUresult::ERROR_INVALID_VALUE)
+        })
+    })
+}
+
+// ----------------------------------------------------------------------------- streams
+
+fn dtoh_async(
+    function: &str,
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    if dst.is_null() && n > 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let slice = if n == 0 {
+        &mut [][..]
+    } else {
+        // SAFETY: the caller passes `n` writable bytes at `dst` (checked non-NULL), valid until
+        // the stream is synchronised (the mock writes them before it returns).
+        unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) }
+    };
+    driver::memcpy_dtoh_async(function, slice, src, stream as u64)
+}
+
+fn htod_async(
+    function: &str,
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    if src.is_null() && n > 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let slice = if n == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the caller passes `n` readable bytes at `src` (checked non-NULL).
+        unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) }
+    };
+    driver::memcpy_htod_async(function, dst, slice, stream as u64)
+}
+
+/// `CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    guard("cuMemcpyDtoHAsync", || {
+        dtoh_async("cuMemcpyDtoHAsync", dst, src, n, stream)
+    })
+}
+
+/// `CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    guard("cuMemcpyDtoHAsync_v2", || {
+        dtoh_async("cuMemcpyDtoHAsync_v2", dst, src, n, stream)
+    })
+}
+
+/// `CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    guard("cuMemcpyHtoDAsync", || {
+        htod_async("cuMemcpyHtoDAsync", dst, src, n, stream)
+    })
+}
+
+/// `CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    guard("cuMemcpyHtoDAsync_v2", || {
+        htod_async("cuMemcpyHtoDAsync_v2", dst, src, n, stream)
+    })
+}
+
+/// `CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult {
+    guard("cuStreamCreate", || {
+        if stream.is_null() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let h = driver::stream_create(flags)?;
+        // SAFETY: checked non-NULL; the caller passes a valid `CUstream *`.
+        unsafe { put(stream, h as CUstream) }
+    })
+}
+
+/// `CUresult cuStreamDestroy(CUstream hStream)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy(stream: CUstream) -> CUresult {
+    guard("cuStreamDestroy", || {
+        driver::stream_destroy("cuStreamDestroy", stream as u64)
+    })
+}
+
+/// `CUresult cuStreamDestroy_v2(CUstream hStream)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
+    guard("cuStreamDestroy_v2", || {
+        driver::stream_destroy("cuStreamDestroy_v2", stream as u64)
+    })
+}
+
+/// `CUresult cuStreamSynchronize(CUstream hStream)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
+    guard("cuStreamSynchronize", || {
+        driver::stream_synchronize(stream as u64)
+    })
+}
+
+/// `CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult {
+    guard("cuStreamBeginCapture_v2", || {
+        driver::stream_begin_capture(stream as u64, mode)
+    })
+}
+
+/// `CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void) -> CUresult {
+    guard("cuStreamEndCapture", || {
+        if graph.is_null() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let g = driver::stream_end_capture(stream as u64)?;
+        // SAFETY: checked non-NULL; the caller passes a valid `CUgraph *`.
+        unsafe { put(graph, g as *mut c_void) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -805,6 +1180,6 @@ mod tests {
                 e.symbol
             );
         }
-        assert_eq!(crate::ffi::EXPORTED_SYMBOLS.len(), 45);
+        assert_eq!(crate::ffi::EXPORTED_SYMBOLS.len(), 61);
     }
 }
