@@ -50,6 +50,18 @@ const PUBLISH: Duration = Duration::from_millis(50);
 /// A copy shorter than this (wall-clock, alone) just sleeps its time.
 const INSTANT: Duration = Duration::from_millis(2);
 
+/// The GPU of the open operation's range `dptr` lies in, if it lies in one.
+#[must_use]
+pub fn gpu_of(dptr: u64) -> Option<GpuUuid> {
+    let guard = ops();
+    guard.as_ref()?.values().find_map(|op| {
+        op.devices
+            .iter()
+            .find(|d| dptr >= d.base && dptr - d.base < (1 << RANGE_SHIFT))
+            .map(|d| d.gpu)
+    })
+}
+
 /// Whether `dptr` lies in a custom-storage range.
 #[must_use]
 pub fn is_custom(dptr: u64) -> bool {

@@ -222,6 +222,37 @@ fn device_uuid_of(w: &World, dev: i32) -> R<GpuUuid> {
         .ok_or(CUresult::ERROR_INVALID_DEVICE)
 }
 
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+pub const POINTER_ATTRIBUTE_DEVICE_ORDINAL: i32 = 9;
+
+/// `cuPointerGetAttribute` for `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (the only attribute the
+/// mock models; others are `CUDA_ERROR_INVALID_VALUE`): the caller's ordinal of the GPU a
+/// device pointer lives on, for a custom-storage operation's pointers and the caller's own
+/// allocations.
+pub fn pointer_device_ordinal(attribute: i32, ptr: u64) -> R<i32> {
+    let w = world()?;
+    call(
+        &w,
+        "cuPointerGetAttribute",
+        None,
+        &|| format!("attribute={attribute}, ptr={ptr:#x}"),
+        || {
+            if attribute != POINTER_ATTRIBUTE_DEVICE_ORDINAL {
+                return Err(CUresult::ERROR_INVALID_VALUE);
+            }
+            let gpu = match crate::custom::gpu_of(ptr) {
+                Some(g) => g,
+                None => locate(&w, ptr, 0)?.0.gpu.0,
+            };
+            let d = devices(&w)?;
+            d.iter()
+                .position(|g| *g == gpu)
+                .and_then(|i| i32::try_from(i).ok())
+                .ok_or(CUresult::ERROR_INVALID_DEVICE)
+        },
+    )
+}
+
 /// `cuDeviceGetCount`.
 pub fn device_count() -> R<i32> {
     let w = world()?;

@@ -1062,6 +1062,7 @@ mod tests {
             "off",
             "2.5",
             "on",
+            "off",
             "auto",
         ];
         assert_eq!(samples.len(), DOCS.len());

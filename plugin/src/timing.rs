@@ -103,6 +103,12 @@ impl Backend for TimedBackend {
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
         self.timed(|b| b.unlock_many(pids, width))
     }
+    fn custom_written(&self, pid: Pid) -> Option<crate::image::CustomRecord> {
+        self.inner.custom_written(pid)
+    }
+    fn set_custom_recorded(&mut self, pid: Pid, rec: crate::image::CustomRecord) {
+        self.inner.set_custom_recorded(pid, rec);
+    }
     fn executions(&self) -> Option<usize> {
         self.inner.executions()
     }

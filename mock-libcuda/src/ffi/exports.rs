@@ -292,6 +292,7 @@ fn proc_table() -> Vec<ProcEntry> {
             cuDevicePrimaryCtxRelease_v2
         ),
         e!("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+        e!("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
         e!("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
         e!("cuCtxGetDevice", 2000, cuCtxGetDevice),
         e!("cuCtxSynchronize", 2000, cuCtxSynchronize),
@@ -901,6 +902,25 @@ static HOST_REGISTERED: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
 
 /// Alignment of `cuMemHostAlloc` memory (callers use it with `O_DIRECT`).
 pub const HOST_ALIGN: usize = 4096;
+
+/// `CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr
+/// ptr)`: only `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (9), written as an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: u64,
+) -> CUresult {
+    guard("cuPointerGetAttribute", || {
+        if data.is_null() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let ordinal = driver::pointer_device_ordinal(attribute, ptr)?;
+        // SAFETY: the caller passes room for the attribute's value, an int for this attribute.
+        unsafe { data.cast::<c_int>().write_unaligned(ordinal) };
+        Ok(())
+    })
+}
 
 /// `CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)`: page-aligned
 /// (4096) host memory, zeroed.

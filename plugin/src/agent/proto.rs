@@ -1417,6 +1417,24 @@ mod tests {
             Just(Call::Gpus),
             Just(Call::Nvml),
             arb_driver_call().prop_map(Call::Driver),
+            (
+                any::<bool>(),
+                any::<i32>(),
+                any::<i32>(),
+                arb_uuid(),
+                proptest::collection::vec((arb_uuid(), arb_uuid()), 0..3),
+                proptest::collection::vec((arb_uuid(), any::<u64>()), 0..3),
+            )
+                .prop_map(|(checkpoint, pid, key, dump_id, pairs, files)| {
+                    Call::Custom(CustomJob {
+                        checkpoint,
+                        pid,
+                        key,
+                        dump_id,
+                        pairs,
+                        files,
+                    })
+                }),
         ]
     }
 
@@ -1491,8 +1509,13 @@ mod tests {
             any::<u32>().prop_map(DriverReply::Code),
         ];
         let probe = prop_oneof![
-            (any::<i32>(), any::<Option<u32>>())
-                .prop_map(|(version, init)| ProbeReply::Supported { version, init }),
+            (any::<i32>(), any::<Option<u32>>(), any::<bool>()).prop_map(
+                |(version, init, custom_storage)| ProbeReply::Supported {
+                    version,
+                    init,
+                    custom_storage
+                }
+            ),
             any::<String>().prop_map(ProbeReply::Unsupported),
             any::<String>().prop_map(ProbeReply::Error),
         ];
@@ -1521,6 +1544,29 @@ mod tests {
                 .prop_map(Reply::Gpus),
             proptest::result::maybe_err(snapshot, any::<String>()).prop_map(Reply::Nvml),
             Just(Reply::Panicked),
+            proptest::result::maybe_err(
+                proptest::collection::vec(
+                    (
+                        arb_uuid(),
+                        any::<u64>(),
+                        any::<u64>(),
+                        any::<u64>(),
+                        any::<u64>(),
+                        any::<bool>()
+                    )
+                        .prop_map(|(uuid, bytes, data, fills, micros, direct)| CustomGpu {
+                            uuid,
+                            bytes,
+                            data,
+                            fills,
+                            micros,
+                            direct
+                        }),
+                    0..3
+                ),
+                any::<String>()
+            )
+            .prop_map(Reply::Custom),
         ];
         prop_oneof![
             any::<i32>().prop_map(|pid| FromAgent::Hello { pid }),
