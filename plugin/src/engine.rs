@@ -1040,7 +1040,13 @@ impl Engine {
                 .map_err(|cause| EngineError::Inventory { pid, cause })?;
             self.inventory_added = true;
         }
-        self.log(Level::Info, &format!("pid {pid}: checkpointed"));
+        match self.backend.custom_summary(pid) {
+            Some(s) => self.log(
+                Level::Info,
+                &format!("pid {pid}: checkpointed into custom storage: {s}"),
+            ),
+            None => self.log(Level::Info, &format!("pid {pid}: checkpointed")),
+        }
         Ok(Outcome::Handled)
     }
 
@@ -1529,6 +1535,12 @@ impl Engine {
     /// Logs a restored task and tells the guardian it is in its final state.
     fn resumed_log(&mut self, plan: &ResumePlan, restore_ms: u64) {
         let pid = plan.pid;
+        if let Some(s) = self.backend.custom_summary(pid) {
+            self.log(
+                Level::Info,
+                &format!("pid {pid}: restored from custom storage: {s}"),
+            );
+        }
         let size = match (plan.bytes, plan.checkpoint_ms) {
             (Some(b), Some(c)) => format!(
                 " ({} in {restore_ms} ms; its checkpoint took {c} ms)",

@@ -142,6 +142,24 @@ pub fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A byte count in the largest binary unit that keeps it at 1 or more, to a tenth:
+/// `512 B`, `1.5 KiB`, `80.0 GiB`.
+#[must_use]
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{} {}", Tenths(v), UNITS[u])
+}
+
 /// A duration shown as `{:?}` shows it (`1.5s`, `250ms`, `12.5µs`), by integer arithmetic: the
 /// standard library's `Debug` for `Duration` costs the plugin's binary about 2 KB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

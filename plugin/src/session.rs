@@ -396,7 +396,7 @@ fn custom_storage(
         }
         notes.push(format!(
             "custom storage: {files} file(s), {} of GPU memory, checked (headers and frames)",
-            crate::nvml::gib(bytes)
+            crate::message::bytes(bytes)
         ));
         return Ok(Some(CustomPlan { dump_id }));
     }

@@ -109,6 +109,9 @@ impl Backend for TimedBackend {
     fn set_custom_recorded(&mut self, pid: Pid, rec: crate::image::CustomRecord) {
         self.inner.set_custom_recorded(pid, rec);
     }
+    fn custom_summary(&self, pid: Pid) -> Option<String> {
+        self.inner.custom_summary(pid)
+    }
     fn executions(&self) -> Option<usize> {
         self.inner.executions()
     }

@@ -45,6 +45,7 @@ impl Exec<'_> {
                 (pid, format!("{} {}", label(program), self.normalise(call)))
             })
             .collect();
+        let lines = copier_calls(lines);
         if self.parallel_mode() {
             order_concurrent(lines, &self.cli_pids)
         } else {
@@ -83,6 +84,7 @@ impl Exec<'_> {
                 s = s.replace(&parent.display().to_string(), "<target>");
             }
         }
+        let s = dump_ids(&s);
         let chars: Vec<char> = s.chars().collect();
         let mut out = String::with_capacity(s.len());
         let mut i = 0;
@@ -105,14 +107,16 @@ impl Exec<'_> {
                     k += 1;
                 }
             }
-            let rest: String = chars[k..].iter().take(4).collect();
-            let unit = ["ms", " ms", "s", " s", "µs", " µs"].iter().find(|u| {
-                rest.starts_with(*u)
-                    && !rest[u.len()..]
-                        .chars()
-                        .next()
-                        .is_some_and(char::is_alphanumeric)
-            });
+            let rest: String = chars[k..].iter().take(6).collect();
+            let unit = ["ms", " ms", "s", " s", "µs", " µs", " GB/s"]
+                .iter()
+                .find(|u| {
+                    rest.starts_with(*u)
+                        && !rest[u.len()..]
+                            .chars()
+                            .next()
+                            .is_some_and(char::is_alphanumeric)
+                });
             let num: String = chars[i..j].iter().collect();
             let prev = i.checked_sub(1).map(|p| chars[p]);
             // Part of a word, a version or a UUID; `cuda-plugin-<pid>.img` is a pid.
@@ -179,17 +183,69 @@ impl Exec<'_> {
     }
 }
 
+/// `line` with every dump id (32 lowercase hex digits standing alone, which the custom-storage
+/// log lines and images carry: random per dump) as `<dump-id>`.
+fn dump_ids(line: &str) -> String {
+    let b = line.as_bytes();
+    let hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while i < b.len() {
+        let start_ok = i == 0 || !b[i - 1].is_ascii_alphanumeric();
+        if start_ok && i + 32 <= b.len() && b[i..i + 32].iter().all(|&c| hex(c)) {
+            let end_ok = b.get(i + 32).is_none_or(|c| !c.is_ascii_alphanumeric());
+            if end_ok {
+                out.push_str("<dump-id>");
+                i += 32;
+                continue;
+            }
+        }
+        let ch = line[i..].chars().next().unwrap_or(' ');
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// The custom-storage copier's calls, which its threads (one per GPU, and one job per task in
+/// parallel mode) make side by side with addresses that change from run to run: each run of
+/// consecutive copier lines becomes the set of its distinct `function = RESULT` pairs, sorted
+/// (`copier cuMemcpyDtoHAsync_v2 = CUDA_SUCCESS`). What the copier did, not how often or in
+/// which order its threads got there.
+fn copier_calls(lines: Vec<(i32, String)>) -> Vec<(i32, String)> {
+    let mut out = Vec::with_capacity(lines.len());
+    let mut run: BTreeSet<String> = BTreeSet::new();
+    let mut pid = 0;
+    let flush = |run: &mut BTreeSet<String>, out: &mut Vec<(i32, String)>, pid: i32| {
+        out.extend(std::mem::take(run).into_iter().map(|l| (pid, l)));
+    };
+    for (p, line) in lines {
+        if let Some(call) = line.strip_prefix("copier ") {
+            let function = call.split('(').next().unwrap_or(call);
+            let result = call.rsplit_once(") = ").map_or("", |(_, r)| r);
+            run.insert(format!("copier {function} = {result}"));
+            pid = p;
+        } else {
+            flush(&mut run, &mut out, pid);
+            out.push((p, line));
+        }
+    }
+    flush(&mut run, &mut out, pid);
+    out
+}
+
 /// The name the mock's trace gives a `cuda-checkpoint` run (its process name).
 const CLI_PROGRAM: &str = "cuda-checkpoint";
 
 /// How the transcript names the program that made a driver call (the process name the mock's
 /// trace records): CRIU, real or emulated (`harness-engine-…`, cut to 15 bytes by the kernel),
-/// is `criu`; the plugin's helper process `guardian`; the utility `cuda-checkpoint`; anyone
-/// else `other`.
+/// is `criu`; the plugin's helper process `guardian`, its custom-storage copier `copier`; the
+/// utility `cuda-checkpoint`; anyone else `other`.
 fn label(program: &str) -> &'static str {
     match program {
         CLI_PROGRAM => "cuda-checkpoint",
         "cuda-guardian" => "guardian",
+        "cuda-copier" => "copier",
         p if p == "criu" || p.starts_with("harness-engine") => "criu",
         _ => "other",
     }

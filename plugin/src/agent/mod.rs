@@ -47,6 +47,15 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 /// Starts a helper process and connects to it. `image_dir` (CRIU's image directory, duplicated
 /// for the helper) is where the guardian writes its log.
 pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, String> {
+    spawn_named(image_dir, c"cuda-guardian")
+}
+
+/// [`spawn`] with the process name `name` (`cuda-copier` for custom storage's copier, see
+/// [`crate::cstore`]).
+pub fn spawn_named(
+    image_dir: Option<RawFd>,
+    name: &'static std::ffi::CStr,
+) -> Result<client::Link, String> {
     let (criu_end, agent_end) =
         Channel::pair().map_err(|e| format!("cannot create the helper's channel: {e}"))?;
     let pidfd = sys::self_pidfd();
@@ -55,7 +64,7 @@ pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, String> {
     let mut keep = vec![agent_end.fd().as_raw_fd()];
     keep.extend(pidfd.as_ref().map(AsRawFd::as_raw_fd));
     keep.extend(dir.as_ref().map(AsRawFd::as_raw_fd));
-    let spawned = sys::spawn_detached(&keep, move || {
+    let spawned = sys::spawn_detached(&keep, name, move || {
         server::serve(agent_end, pidfd, dir, criu_pid)
     });
     // The closure (and with it the helper's descriptors) was moved into the fork and dropped

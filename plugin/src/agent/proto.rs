@@ -1554,14 +1554,16 @@ mod tests {
                         any::<u64>(),
                         any::<bool>()
                     )
-                        .prop_map(|(uuid, bytes, data, fills, micros, direct)| CustomGpu {
-                            uuid,
-                            bytes,
-                            data,
-                            fills,
-                            micros,
-                            direct
-                        }),
+                        .prop_map(
+                            |(uuid, bytes, data, fills, micros, direct)| CustomGpu {
+                                uuid,
+                                bytes,
+                                data,
+                                fills,
+                                micros,
+                                direct
+                            }
+                        ),
                     0..3
                 ),
                 any::<String>()

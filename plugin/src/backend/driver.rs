@@ -446,6 +446,10 @@ impl Backend for DriverApi {
         }
     }
 
+    fn custom_summary(&self, pid: Pid) -> Option<String> {
+        self.custom.as_ref().and_then(|c| c.summary(pid))
+    }
+
     fn settle(&mut self, limit: Duration) -> bool {
         let limit = match self.abandoned.get() {
             // None of this backend's calls was abandoned, and none of the plugin's others (a

@@ -468,6 +468,11 @@ pub trait Backend: Send {
     fn set_custom_recorded(&mut self, pid: Pid, rec: crate::image::CustomRecord) {
         let _ = (pid, rec);
     }
+    /// Custom storage: a log line on what `pid`'s last checkpoint or restore moved.
+    fn custom_summary(&self, pid: Pid) -> Option<String> {
+        let _ = pid;
+        None
+    }
     /// How many external processes the backend ran so far (the CLI's executions), if any.
     fn executions(&self) -> Option<usize> {
         None

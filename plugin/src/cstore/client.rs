@@ -28,6 +28,8 @@ pub struct CustomPath {
     written: BTreeMap<Pid, CustomRecord>,
     /// Restore: what the dump recorded, by the task's pid now.
     recorded: BTreeMap<Pid, CustomRecord>,
+    /// What each task's last operation moved, per GPU, for the log.
+    moved: BTreeMap<Pid, Vec<CustomGpu>>,
 }
 
 impl std::fmt::Debug for CustomPath {
@@ -59,7 +61,15 @@ impl CustomPath {
             copier: None,
             written: BTreeMap::new(),
             recorded: BTreeMap::new(),
+            moved: BTreeMap::new(),
         }
+    }
+
+    /// A line for the log: what `pid`'s last operation moved (`None`: nothing through custom
+    /// storage).
+    #[must_use]
+    pub fn summary(&self, pid: Pid) -> Option<String> {
+        self.moved.get(&pid).map(|gpus| summary(gpus))
     }
 
     /// What checkpointing `pid` wrote (for its task image).
@@ -127,6 +137,7 @@ impl CustomPath {
             .zip(jobs)
             .map(|((r, took), j)| {
                 let r = r.map(|gpus| {
+                    self.moved.insert(j.pid, gpus.clone());
                     self.written.insert(
                         j.pid,
                         CustomRecord {
@@ -202,6 +213,9 @@ impl CustomPath {
                         }),
                         Duration::ZERO,
                     ));
+                    if let Ok(gpus) = &r {
+                        self.moved.insert(j.pid, gpus.clone());
+                    }
                     (r.map(|_| ()), took)
                 }
             })
@@ -300,6 +314,40 @@ impl CustomPath {
             })
             .collect()
     }
+}
+
+/// `2 GPU(s), 1.0 GiB: 512.0 MiB in data chunks, 512.0 MiB uniform (not written); slowest
+/// GPU 3.1 GB/s; O_DIRECT`.
+#[must_use]
+pub fn summary(gpus: &[CustomGpu]) -> String {
+    let bytes: u64 = gpus.iter().map(|g| g.bytes).sum();
+    let data: u64 = gpus.iter().map(|g| g.data).sum();
+    let fills: u64 = gpus.iter().map(|g| g.fills).sum();
+    #[allow(clippy::cast_precision_loss)]
+    let slowest = gpus
+        .iter()
+        .filter(|g| g.bytes > 0 && g.micros > 0)
+        .map(|g| g.bytes as f64 / g.micros as f64 / 1000.0)
+        .fold(f64::INFINITY, f64::min);
+    let rate = if slowest.is_finite() {
+        format!("; slowest GPU {} GB/s", crate::message::Tenths(slowest))
+    } else {
+        String::new()
+    };
+    let io = if gpus.iter().all(|g| g.direct) {
+        "O_DIRECT"
+    } else if gpus.iter().any(|g| g.direct) {
+        "partly O_DIRECT"
+    } else {
+        "buffered"
+    };
+    format!(
+        "{} GPU(s), {}: {} in data chunks, {} uniform (not written){rate}; {io}",
+        gpus.len(),
+        crate::message::bytes(bytes),
+        crate::message::bytes(data),
+        crate::message::bytes(fills),
+    )
 }
 
 fn call_error(op: Op, pid: Pid, e: CallError) -> BackendError {

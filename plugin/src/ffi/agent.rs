@@ -16,7 +16,7 @@
 //!   agent inherits and polls to learn that CRIU has exited even if some other process still
 //!   holds CRIU's end of the channel.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -219,7 +219,11 @@ pub fn self_pidfd() -> Option<OwnedFd> {
 ///
 /// Call it only while the calling process has one thread: the child runs `body`, which may take
 /// locks and allocate, and a lock held by another thread at the fork would never be released.
-pub fn spawn_detached(keep: &[RawFd], body: impl FnOnce() -> i32) -> io::Result<()> {
+pub fn spawn_detached(
+    keep: &[RawFd],
+    name: &'static CStr,
+    body: impl FnOnce() -> i32,
+) -> io::Result<()> {
     // Everything the children need is prepared before the fork.
     let devnull = CString::new("/dev/null").unwrap_or_default();
     let mut keep: Vec<RawFd> = keep.to_vec();
@@ -241,7 +245,7 @@ pub fn spawn_detached(keep: &[RawFd], body: impl FnOnce() -> i32) -> io::Result<
             // handlers or flushing its stdio buffers (which belong to CRIU).
             unsafe { libc::_exit(if second < 0 { 1 } else { 0 }) };
         }
-        detach(&keep, &devnull);
+        detach(&keep, &devnull, name);
         let code = body();
         // SAFETY: as above; the agent never returns into the caller's code.
         unsafe { libc::_exit(code) };
@@ -273,7 +277,7 @@ pub fn spawn_detached(keep: &[RawFd], body: impl FnOnce() -> i32) -> io::Result<
 
 /// In the grandchild, before `body`: a new session, default signals, only `keep` open, stdio on
 /// /dev/null, and a name of its own.
-fn detach(keep: &[RawFd], devnull: &CString) {
+fn detach(keep: &[RawFd], devnull: &CString, name: &CStr) {
     // SAFETY: raw system calls on this process only. setsid makes it a session (and group)
     // leader; sigaction with SIG_DFL and sigprocmask with an empty set touch no memory but the
     // local structures; close_range closes descriptors nobody in this process uses any more
@@ -305,13 +309,7 @@ fn detach(keep: &[RawFd], devnull: &CString) {
                 libc::close(null);
             }
         }
-        libc::prctl(
-            libc::PR_SET_NAME,
-            c"cuda-guardian".as_ptr() as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0);
     }
 }
 
@@ -461,7 +459,7 @@ mod tests {
         let keep = b.fd().as_raw_fd();
         let other = _other.fd().as_raw_fd();
         let t = Instant::now();
-        spawn_detached(&[keep], || {
+        spawn_detached(&[keep], c"cuda-guardian", || {
             // SAFETY: test-only queries of this process.
             let (sid, me) = unsafe { (libc::getsid(0), libc::getpid()) };
             let other_open = std::path::Path::new(&format!("/proc/self/fd/{other}")).exists();
