@@ -254,6 +254,15 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
             });
         }
     };
+    // Before the entry is consumed: a refused restore leaves it for the next try.
+    let custom = custom_storage(
+        ctx,
+        &options,
+        &selected,
+        restore_tasks.as_ref(),
+        svc,
+        &mut notes,
+    )?;
     if restore {
         svc.inventory_consume().map_err(PluginError::Inventory)?;
     }
@@ -268,14 +277,6 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
                 .to_owned(),
         );
     }
-    let custom = custom_storage(
-        ctx,
-        &options,
-        &selected,
-        restore_tasks.as_ref(),
-        svc,
-        &mut notes,
-    )?;
     Ok(Start::Enabled(Box::new(Plan {
         stage: ctx.stage,
         selected,
@@ -676,6 +677,25 @@ mod tests {
                 d => Ok(d),
             }
         }
+        fn open_image_file(&mut self, name: &str) -> Result<Option<std::fs::File>, HostError> {
+            let Some(data) = self.images.get(name) else {
+                return Ok(None);
+            };
+            let mut f = tempfile::tempfile().map_err(|source| HostError::Io {
+                what: "test file",
+                name: name.to_owned(),
+                source,
+            })?;
+            use std::io::{Seek, Write};
+            f.write_all(data)
+                .and_then(|()| f.rewind())
+                .map_err(|source| HostError::Io {
+                    what: "test file",
+                    name: name.to_owned(),
+                    source,
+                })?;
+            Ok(Some(f))
+        }
         fn log(&self, level: Level, msg: &str) {
             panic!("init logs through its notes, not the host: {level} {msg}");
         }
@@ -954,6 +974,191 @@ mod tests {
             start(&c, &mut svc).unwrap_err(),
             PluginError::DeviceMap(_)
         ));
+    }
+
+    /// A dump's `init` with `opts` (without the `cuda_plugin.` prefix) on a driver of CUDA
+    /// `version`: whether it uses custom storage, or why it refused, and its notes.
+    fn custom_dump(opts: &[&str], version: i32, streaming: bool) -> Result<(bool, String), String> {
+        let mut c = ctx(Stage::DUMP);
+        c.streaming = streaming;
+        c.host_options = Some(opts.iter().map(|o| format!("--cuda_plugin.{o}")).collect());
+        let mut svc = Svc {
+            driver_version: Some(version),
+            cli_ok: true,
+            ..Default::default()
+        };
+        match start(&c, &mut svc) {
+            Ok(Start::Enabled(plan)) => Ok((plan.custom.is_some(), plan.notes.join("\n"))),
+            Ok(other) => Err(format!("{other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn custom_storage_is_used_exactly_where_it_works_and_on_refuses_elsewhere() {
+        let driver = "backend=driver-api";
+        let cli = "backend=cuda-checkpoint";
+        // auto: on with the driver API and the guardian on a 13.4 driver.
+        let (on, notes) = custom_dump(&[driver], 13040, false).unwrap();
+        assert!(on && notes.contains("custom storage: on (dump "), "{notes}");
+        for (opts, version, streaming, why) in [
+            (
+                &[driver][..],
+                13030,
+                false,
+                "has no custom storage: it needs CUDA 13.4",
+            ),
+            (
+                &[cli][..],
+                13040,
+                false,
+                "the cuda-checkpoint backend has no custom storage",
+            ),
+            (&[driver, "guardian=off"][..], 13040, false, "guardian=off"),
+            (&[driver][..], 13040, true, "--stream"),
+        ] {
+            let (on, notes) = custom_dump(opts, version, streaming).unwrap();
+            assert!(!on, "{opts:?}");
+            assert!(
+                notes.contains("custom storage: not used (") && notes.contains(why),
+                "{opts:?}: {notes}"
+            );
+            // on: the same situations refuse the dump before any task is touched.
+            let mut with_on = opts.to_vec();
+            with_on.push("custom-storage=on");
+            let e = custom_dump(&with_on, version, streaming).unwrap_err();
+            assert!(
+                e.contains("custom-storage=on cannot be honoured") && e.contains(why),
+                "{with_on:?}: {e}"
+            );
+        }
+        let (on, notes) = custom_dump(&[driver, "custom-storage=off"], 13040, false).unwrap();
+        assert!(!on && notes.contains("custom storage: off"), "{notes}");
+        let (on, _) = custom_dump(&[driver, "custom-storage=on"], 13040, false).unwrap();
+        assert!(on);
+    }
+
+    /// A restore's services whose dump holds task 7 with its GPU memory in custom-storage
+    /// files: one file of `size` bytes on GPU 1, with `file`'s bytes (`None`: absent).
+    fn custom_image(version: i32, file: Option<Vec<u8>>) -> Svc {
+        let mut t = TaskImage::new(7, 8, abi::CUprocessState::RUNNING);
+        t.custom = Some(crate::image::CustomRecord {
+            dump_id: [5; 16],
+            file_pid: 7,
+            gpus: vec![(abi::GpuUuid([1; 16]), 0)],
+        });
+        let mut images = std::collections::HashMap::new();
+        images.insert(
+            crate::image::LIST_FILE_NAME.to_owned(),
+            crate::image::TaskList { pids: vec![7] }.encode(),
+        );
+        images.insert(crate::image::file_name(7), t.encode());
+        if let Some(f) = file {
+            images.insert(crate::cstore::pipeline::file_name(7, 0), f);
+        }
+        Svc {
+            driver_version: Some(version),
+            cli_ok: true,
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            images,
+            ..Default::default()
+        }
+    }
+
+    /// An empty GPU share's file (header and end frame) of dump `id`, task 7, GPU 1.
+    fn empty_share(id: [u8; 16]) -> Vec<u8> {
+        use crate::cstore::format::{Header, Walker};
+        let h = Header {
+            dump_id: id,
+            pid: 7,
+            uuid: abi::GpuUuid([1; 16]),
+            place: 0,
+            chunk: 4096,
+            size: 0,
+        };
+        let (block, crc) = h.encode();
+        let mut w = Walker::new(h, crc);
+        let (_, end) = w.end().unwrap();
+        let mut v = block.to_vec();
+        v.extend_from_slice(&end[..]);
+        v
+    }
+
+    #[test]
+    fn a_custom_storage_image_is_checked_or_refused_at_restore_init() {
+        let restore = |svc: &mut Svc, opts: &[&str]| {
+            let mut c = ctx(Stage::RESTORE);
+            c.host_options = Some(opts.iter().map(|o| format!("--cuda_plugin.{o}")).collect());
+            start(&c, svc)
+        };
+        let mut svc = custom_image(13040, Some(empty_share([5; 16])));
+        let Start::Enabled(plan) = restore(&mut svc, &[]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(plan.custom, Some(CustomPlan { dump_id: [5; 16] }));
+        assert!(plan
+            .notes
+            .iter()
+            .any(|n| n.contains("custom storage: 1 file(s)")));
+        assert_eq!(svc.consumed, 1);
+        for (version, opts, file, why) in [
+            (
+                13040,
+                &["custom-storage=off"][..],
+                Some(empty_share([5; 16])),
+                "custom-storage=off, but this image keeps 1 task(s)' GPU memory",
+            ),
+            (
+                13030,
+                &[][..],
+                Some(empty_share([5; 16])),
+                "needs CUDA 13.4",
+            ),
+            (
+                13040,
+                &["backend=cuda-checkpoint"][..],
+                Some(empty_share([5; 16])),
+                "the cuda-checkpoint backend",
+            ),
+            (13040, &[][..], None, "cuda-cs-7-0.img is missing"),
+            (
+                13040,
+                &[][..],
+                Some(empty_share([6; 16])),
+                "cuda-cs-7-0.img",
+            ),
+            (
+                13040,
+                &[][..],
+                Some(empty_share([5; 16])[..4096].to_vec()),
+                "cuda-cs-7-0.img",
+            ),
+        ] {
+            let mut svc = custom_image(version, file);
+            let e = restore(&mut svc, opts).unwrap_err();
+            assert!(
+                matches!(e, PluginError::CustomStorage(_)) && e.to_string().contains(why),
+                "{opts:?}: {e}"
+            );
+            assert_eq!(
+                svc.consumed, 0,
+                "a refused restore leaves the inventory entry"
+            );
+        }
+        // A stale file names the dump ids.
+        let mut svc = custom_image(13040, Some(empty_share([6; 16])));
+        let e = restore(&mut svc, &[]).unwrap_err().to_string();
+        assert!(e.contains(&"05".repeat(16)) || e.contains("stale"), "{e}");
+        // An image without custom storage and custom-storage=on.
+        let mut svc = Svc {
+            driver_version: Some(13040),
+            inventory: Some(InventoryAnswer::Listed { consumed: false }),
+            ..Default::default()
+        };
+        let e = restore(&mut svc, &["custom-storage=on"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dumped without custom storage"), "{e}");
     }
 
     #[test]

@@ -652,6 +652,9 @@ pub(crate) mod tests {
     }
 
     impl CudaDriver for FakeDriver {
+        fn custom_storage(&self) -> bool {
+            self.version.unwrap_or(13000) >= abi::cuda::CUSTOM_STORAGE_MIN_DRIVER_VERSION
+        }
         fn driver_version(&self) -> Result<i32, CUresult> {
             match self.version_error {
                 Some(e) => Err(e),

@@ -22,6 +22,8 @@ pub type Spawn = Box<dyn FnMut() -> Result<Link, String> + Send>;
 /// The custom-storage path of one dump or restore.
 pub struct CustomPath {
     dump_id: [u8; 16],
+    /// The image directory, where a failed checkpoint's files are removed.
+    dir: Option<std::os::fd::RawFd>,
     spawn: Spawn,
     copier: Option<Arc<Link>>,
     /// Dump: the tasks checkpointed here, for their task images (and a rollback's restore).
@@ -52,11 +54,13 @@ pub fn new_dump_id() -> Result<[u8; 16], String> {
 }
 
 impl CustomPath {
-    /// A path whose files carry `dump_id`, its copiers started by `spawn`.
+    /// A path whose files carry `dump_id`, in the image directory `dir`, its copiers started
+    /// by `spawn`.
     #[must_use]
-    pub fn new(dump_id: [u8; 16], spawn: Spawn) -> Self {
+    pub fn new(dump_id: [u8; 16], dir: Option<std::os::fd::RawFd>, spawn: Spawn) -> Self {
         CustomPath {
             dump_id,
+            dir,
             spawn,
             copier: None,
             written: BTreeMap::new(),
@@ -257,6 +261,7 @@ impl CustomPath {
             Op::Checkpoint => "custom-storage checkpoint",
             _ => "custom-storage restore",
         };
+        let pids: Vec<Pid> = calls.iter().map(|(p, _)| *p).collect();
         let mut flight: VecDeque<(usize, Pid, Option<Duration>, u64, Instant)> = VecDeque::new();
         let mut todo = calls.into_iter().enumerate();
         let mut failed = false;
@@ -298,6 +303,19 @@ impl CustomPath {
         }
         if failed {
             self.end_copier();
+            if op == Op::Checkpoint {
+                // The copier removes what a failed job wrote; one killed on its deadline (or
+                // that died) could not.
+                let failed_pids: Vec<Pid> = out
+                    .iter()
+                    .zip(&pids)
+                    .filter(|(r, _)| r.as_ref().is_none_or(|(r, _)| r.is_err()))
+                    .map(|(_, p)| *p)
+                    .collect();
+                for pid in failed_pids {
+                    self.remove_files(pid);
+                }
+            }
         }
         out.into_iter()
             .map(|r| {
@@ -348,6 +366,21 @@ pub fn summary(gpus: &[CustomGpu]) -> String {
         crate::message::bytes(data),
         crate::message::bytes(fills),
     )
+}
+
+impl CustomPath {
+    /// Removes `cuda-cs-<pid>-<n>.img` for n from 0 up to the first that is not there.
+    fn remove_files(&self, pid: Pid) {
+        let Some(dir) = self.dir else {
+            return;
+        };
+        let dir = crate::ffi::agent::borrow_fd(dir);
+        for n in 0..u32::from(u16::MAX) {
+            if !crate::ffi::agent::unlink_in(dir, &super::pipeline::file_name(pid, n)) {
+                break;
+            }
+        }
+    }
 }
 
 fn call_error(op: Op, pid: Pid, e: CallError) -> BackendError {

@@ -391,14 +391,13 @@ pub fn syslog(err: bool, msg: &str) {
     unsafe { libc::syslog(prio, c"%s".as_ptr(), text.as_ptr()) };
 }
 
-/// The helper's image directory, borrowed for the rest of the process's life.
-///
-/// Only for that descriptor: the helper holds it open until it exits (see
-/// [`crate::agent::server`]).
+/// A directory descriptor that stays open for the rest of the process's life, borrowed: the
+/// helper's image directory (it holds it until it exits, see [`crate::agent::server`]) or
+/// CRIU's (`criu_get_image_dir`, open for CRIU's whole run).
 #[must_use]
 pub fn borrow_fd(fd: RawFd) -> BorrowedFd<'static> {
-    // SAFETY: the caller passes the helper's image directory descriptor, which stays open until
-    // the process exits.
+    // SAFETY: the caller passes an image directory descriptor that stays open until the process
+    // exits (see above).
     unsafe { BorrowedFd::borrow_raw(fd) }
 }
 

@@ -450,6 +450,7 @@ fn init(stage: Stage) -> c_int {
             let custom = plan.custom.as_ref().map(|c| {
                 crate::cstore::client::CustomPath::new(
                     c.dump_id,
+                    criu::image_dir_fd(),
                     Box::new(|| crate::agent::spawn_named(criu::image_dir_fd(), c"cuda-copier")),
                 )
             });
