@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `checkpoint-restore` | the 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) runs as a container; `runc checkpoint` succeeds and leaves both CUDA tasks CHECKPOINTED in the world, the container gone; `runc restore -d` brings it back running, both CUDA tasks RUNNING (unlocked) again, and every task answers SIGUSR1 with a PASS line (its GPU data intact); the world's trace shows `cuda-checkpoint` runs exactly when the file chose that backend |
 //! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
+//! | `custom-storage` (driver API only, CUDA 13.4 world) | `checkpoint-restore` with `custom-storage = on` in the options file: `runc checkpoint` leaves the GPU memory in `cuda-cs-*.img` files of the image path (the dump log says what each task moved), and `runc restore -d` brings the tree back from them, data intact |
 //! | `bad-options-file` (driver API only) | `cuda_plugin.conf` has an invalid value on its 5th line: `runc checkpoint` fails before any task is touched, CRIU's log names the file and the line, the container keeps running with its data |
 //!
 //! What makes it a deployment test rather than another CRIU test: nothing is set up through
@@ -126,7 +127,13 @@ fn tail(s: &str, n: usize) -> String {
 }
 
 impl Container {
-    fn new(runc: &Path, criu: &Criu, backend: &'static str, faults: &str) -> R<Container> {
+    fn new(
+        runc: &Path,
+        criu: &Criu,
+        backend: &'static str,
+        faults: &str,
+        custom_storage: bool,
+    ) -> R<Container> {
         static N: AtomicU32 = AtomicU32::new(0);
         let a = artifacts().as_ref().map_err(Clone::clone)?;
         let dir = tempfile::Builder::new()
@@ -172,8 +179,13 @@ impl Container {
             &format!(
                 "# the node's options for cuda_plugin (written by plugin/tests/runc.rs)\n\n\
                  backend = {backend}\n\
-                 cuda-checkpoint = {}\n",
-                a.cuda_checkpoint.display()
+                 cuda-checkpoint = {}\n{}",
+                a.cuda_checkpoint.display(),
+                if custom_storage {
+                    "custom-storage = on\n"
+                } else {
+                    ""
+                }
             ),
         )?;
         write(
@@ -184,7 +196,8 @@ impl Container {
             ),
         )?;
         // The mock world, shared with the container at the same path.
-        init_world(a, &c.world, &world_config(faults))?;
+        let branch = if custom_storage { 615 } else { 580 };
+        init_world(a, &c.world, &world_config_on(branch, faults))?;
         c.write_bundle(&a.mock_app)?;
         Ok(c)
     }
@@ -581,6 +594,66 @@ fn checkpoint_restore(c: &mut Container) -> R<String> {
     ))
 }
 
+/// `checkpoint_restore` through custom storage: the GPU memory goes to `cuda-cs-*.img` in the
+/// image path and comes back from there.
+fn custom_storage(c: &mut Container) -> R<String> {
+    c.start()?;
+    let (out, log, dump_ms) = c.checkpoint()?;
+    ensure!(
+        out.status.success(),
+        "runc checkpoint failed ({}): {}\ndump.log tail:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        tail(&log, 30)
+    );
+    ensure!(
+        log.matches("checkpointed into custom storage").count() == 2,
+        "the dump log does not show both CUDA tasks checkpointed into custom storage:\n{}",
+        tail(&log, 30)
+    );
+    let files: Vec<u64> = std::fs::read_dir(&c.images)
+        .map_err(|e| format!("reading {}: {e}", c.images.display()))?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("cuda-cs-"))
+        .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+        .collect();
+    ensure!(
+        files.len() == 2 && files.iter().all(|&n| n >= 3 * 4096),
+        "the image path should hold one custom-storage file per CUDA task: {files:?}"
+    );
+    // Two checkpointed tasks holding nothing staged (the copier, a CUDA process of its own
+    // with no memory, has exited and is not one of them).
+    let status = MockWorld::open(&c.world)
+        .and_then(|w| w.status())
+        .map_err(|e| e.to_string())?;
+    let held: Vec<(CudaState, u64)> = status
+        .processes
+        .iter()
+        .filter(|p| p.state() != CudaState::Running)
+        .map(|p| (p.state(), p.staged_bytes()))
+        .collect();
+    ensure!(
+        held == [(CudaState::Checkpointed, 0), (CudaState::Checkpointed, 0)],
+        "after the checkpoint the world should hold 2 checkpointed tasks with nothing staged: {held:?}"
+    );
+    let (log, restore_ms) = c.restore()?;
+    ensure!(
+        log.matches("restored from custom storage").count() == 2,
+        "the restore log does not show both tasks restored from custom storage:\n{}",
+        tail(&log, 30)
+    );
+    ensure!(
+        c.status()?.as_deref() == Some("running"),
+        "the container is not running after runc restore"
+    );
+    c.expect_cuda("running")?;
+    c.verify_data()?;
+    Ok(format!(
+        "checkpoint {dump_ms:.0} ms, restore {restore_ms:.0} ms, {} custom-storage files",
+        files.len()
+    ))
+}
+
 fn checkpoint_fails(c: &mut Container) -> R<String> {
     c.start()?;
     let (out, log, dump_ms) = c.checkpoint()?;
@@ -649,9 +722,10 @@ fn run_case(
     backend: &'static str,
     faults: String,
     body: CaseBody,
+    custom: bool,
 ) -> Result<(), Failed> {
     let t = Instant::now();
-    let mut c = Container::new(&runc, &criu, backend, &faults).map_err(Failed::from)?;
+    let mut c = Container::new(&runc, &criu, backend, &faults, custom).map_err(Failed::from)?;
     let r = body(&mut c);
     let down = c.teardown();
     let r = r.and_then(|s| down.map(|()| s));
@@ -688,18 +762,23 @@ fn trials(runc: &Path, criu_list: &[Criu]) -> Vec<Trial> {
                     checkpoint_fails,
                 ),
             ];
-            let bad_file: Option<(&str, String, CaseBody)> = (backend == "driver-api").then(|| {
-                (
-                    "bad-options-file",
-                    String::new(),
-                    bad_options_file as CaseBody,
-                )
-            });
-            for (case, faults, body) in cases.into_iter().chain(bad_file) {
+            let driver_only: Vec<(&str, String, CaseBody)> = if backend == "driver-api" {
+                vec![
+                    (
+                        "bad-options-file",
+                        String::new(),
+                        bad_options_file as CaseBody,
+                    ),
+                    ("custom-storage", String::new(), custom_storage as CaseBody),
+                ]
+            } else {
+                Vec::new()
+            };
+            for (case, faults, body) in cases.into_iter().chain(driver_only) {
                 let (r, cr) = (runc.to_path_buf(), criu.clone());
                 out.push(Trial::test(
                     format!("runc/criu-{}/{backend}/{case}", criu.series),
-                    move || run_case(r, cr, backend, faults, body),
+                    move || run_case(r, cr, backend, faults, body, case == "custom-storage"),
                 ));
             }
         }

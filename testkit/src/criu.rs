@@ -298,10 +298,15 @@ pub fn check_free_running(pid: i32) -> R {
 
 /// A mock world config: driver r580 (CUDA 13.0), one GPU, and `faults` (TOML) appended.
 pub fn world_config(faults: &str) -> String {
+    world_config_on(580, faults)
+}
+
+/// [`world_config`] with driver branch `branch` (615: CUDA 13.4, custom storage).
+pub fn world_config_on(branch: u32, faults: &str) -> String {
     format!(
         r#"schema = 1
 [driver]
-branch = 580
+branch = {branch}
 
 [[gpu]]
 uuid = "GPU-00000000-0000-4000-8000-000000000000"
