@@ -279,7 +279,8 @@ pub fn open_restore(w: &World, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> R<Open
     };
     let to = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
     let new_gpus: Vec<GpuUuid> = entry.checkpointed.iter().map(|c| to(c.uuid.0)).collect();
-    let gpus = in_caller_order(w, &new_gpus)?;
+    // Checked before the target is asked (INVALID_CONTEXT leaves it as it was) ...
+    in_caller_order(w, &new_gpus)?;
     let caller = liveness(w)?;
     let pairs_text = pairs
         .iter()
@@ -293,7 +294,14 @@ pub fn open_restore(w: &World, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> R<Open
             caller,
         },
     )?;
+    // ... and the share list made from the entry as the target left it: a process restored
+    // again from the same images announces itself (with what it checkpointed) only when it
+    // takes this request, so the entry read above may be its dead incarnation's.
     let entry = driver::entry(w, t)?;
+    let map = target::resolve_restore_map(w, &entry.checkpointed, pairs)?;
+    let to = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
+    let new_gpus: Vec<GpuUuid> = entry.checkpointed.iter().map(|c| to(c.uuid.0)).collect();
+    let gpus = in_caller_order(w, &new_gpus)?;
     register(t, &gpus, &entry.allocations, to)
 }
 

@@ -1186,6 +1186,19 @@ impl Engine {
                 failed.push(rec.pid);
             }
         }
+        if ret != 0 {
+            // A failed dump's custom-storage files are garbage once their tasks are back;
+            // those of a task that could not be put back hold its only copy of its GPU memory.
+            let removed = self.backend.discard_custom_files(&failed);
+            if removed > 0 {
+                self.log(
+                    Level::Info,
+                    &format!(
+                        "dump finish: removed {removed} custom-storage file(s) of the failed dump"
+                    ),
+                );
+            }
+        }
         if failed.is_empty() {
             Ok(())
         } else {

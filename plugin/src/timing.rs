@@ -112,6 +112,9 @@ impl Backend for TimedBackend {
     fn custom_summary(&self, pid: Pid) -> Option<String> {
         self.inner.custom_summary(pid)
     }
+    fn discard_custom_files(&mut self, keep: &[Pid]) -> usize {
+        self.inner.discard_custom_files(keep)
+    }
     fn executions(&self) -> Option<usize> {
         self.inner.executions()
     }

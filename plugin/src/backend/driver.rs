@@ -450,6 +450,10 @@ impl Backend for DriverApi {
         self.custom.as_ref().and_then(|c| c.summary(pid))
     }
 
+    fn discard_custom_files(&mut self, keep: &[Pid]) -> usize {
+        self.custom.as_mut().map_or(0, |c| c.discard(keep))
+    }
+
     fn settle(&mut self, limit: Duration) -> bool {
         let limit = match self.abandoned.get() {
             // None of this backend's calls was abandoned, and none of the plugin's others (a

@@ -468,6 +468,13 @@ pub trait Backend: Send {
     fn set_custom_recorded(&mut self, pid: Pid, rec: crate::image::CustomRecord) {
         let _ = (pid, rec);
     }
+    /// Custom storage, after a failed dump's rollback: removes the files this dump wrote, but
+    /// those of `keep` (tasks that could not be put back: the files may hold their only copy of
+    /// their GPU memory). Returns how many it removed.
+    fn discard_custom_files(&mut self, keep: &[Pid]) -> usize {
+        let _ = keep;
+        0
+    }
     /// Custom storage: a log line on what `pid`'s last checkpoint or restore moved.
     fn custom_summary(&self, pid: Pid) -> Option<String> {
         let _ = pid;

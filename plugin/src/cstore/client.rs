@@ -369,17 +369,37 @@ pub fn summary(gpus: &[CustomGpu]) -> String {
 }
 
 impl CustomPath {
-    /// Removes `cuda-cs-<pid>-<n>.img` for n from 0 up to the first that is not there.
-    fn remove_files(&self, pid: Pid) {
+    /// Removes `cuda-cs-<pid>-<n>.img` for n from 0 up to the first that is not there; returns
+    /// how many it removed.
+    fn remove_files(&self, pid: Pid) -> usize {
         let Some(dir) = self.dir else {
-            return;
+            return 0;
         };
         let dir = crate::ffi::agent::borrow_fd(dir);
-        for n in 0..u32::from(u16::MAX) {
-            if !crate::ffi::agent::unlink_in(dir, &super::pipeline::file_name(pid, n)) {
-                break;
-            }
+        let mut n = 0;
+        while n < u32::from(u16::MAX)
+            && crate::ffi::agent::unlink_in(dir, &super::pipeline::file_name(pid, n))
+        {
+            n += 1;
         }
+        n as usize
+    }
+
+    /// After a failed dump: removes the files of every task this dump checkpointed, but
+    /// `keep`'s; returns how many files it removed.
+    pub fn discard(&mut self, keep: &[Pid]) -> usize {
+        let pids: Vec<Pid> = self
+            .written
+            .keys()
+            .filter(|p| !keep.contains(p))
+            .copied()
+            .collect();
+        let mut n = 0;
+        for pid in pids {
+            n += self.remove_files(pid);
+            self.written.remove(&pid);
+        }
+        n
     }
 }
 

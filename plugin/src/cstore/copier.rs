@@ -154,6 +154,16 @@ fn checkpoint(
             let _ = crate::ffi::agent::unlink_in(dir, n);
         }
     };
+    // A dump into a directory that holds an earlier dump's files replaces them, as CRIU
+    // replaces its own images: this task's names, and any further GPU's file of that dump.
+    // The files are then created exclusively (never through a link someone put there).
+    remove_all();
+    let mut extra = u32::try_from(names.len()).unwrap_or(u32::MAX);
+    while extra < u32::from(u16::MAX)
+        && crate::ffi::agent::unlink_in(dir, &file_name(job.key, extra))
+    {
+        extra += 1;
+    }
     let results: Vec<Result<CustomGpu, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = op
             .entries
