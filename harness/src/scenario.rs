@@ -36,6 +36,8 @@
 //!                      # and RESUME_DEVICES_LATE(-1) after the per-task loops
 //! cuda_checkpoint = true   # a cuda-checkpoint in the steps' PATH
 //! force_enable = true      # CRIU_CUDA_FORCE_ENABLE=1 (no GPU here)
+//! image_fs_kib = 64        # optional, root only: the image directory is a tmpfs of that size
+//!                          # (mounted before the first step, unmounted at the end)
 //!
 //! [[plugins]]          # what goes into the plugin directory, in this order
 //! kind = "test"        # "cuda" (the CUDA plugin under test: this project's unless
@@ -103,6 +105,8 @@
 //! host_pids = "changed"                 # after the last restore, every task's host pid differs
 //!                                       # from the one it started with and its namespace pid
 //!                                       # is the same ("kept": the same host pids)
+//! images_absent = ["cuda-cs-*"]         # globs (`*`, `?`) no file of the image directory
+//!                                       # may match after the last step
 //! ```
 //!
 //! ## Namespaces
@@ -423,6 +427,10 @@ pub struct Host {
     /// Whether `CRIU_CUDA_FORCE_ENABLE=1` is set for the steps (default true: no GPU here).
     #[serde(default = "yes")]
     pub force_enable: bool,
+    /// Root only: the image directory is a tmpfs of this many KiB, mounted before the first
+    /// step and unmounted at the end (a full image filesystem).
+    #[serde(default)]
+    pub image_fs_kib: Option<u64>,
 }
 
 const fn yes() -> bool {
@@ -684,6 +692,34 @@ pub struct Expect {
     /// How the tasks' host pids compare with those they started with.
     #[serde(default)]
     pub host_pids: Option<HostPids>,
+    /// Glob patterns (`*`, `?`) no file of the image directory may match after the last step.
+    #[serde(default)]
+    pub images_absent: Vec<String>,
+}
+
+/// Whether file name `name` matches the glob `pattern` (`*`: any run of characters, `?`: any
+/// one character; nothing else is special), as `expect.images_absent` uses it.
+#[must_use]
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == n[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some((i, j));
+            i += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|c| *c == '*')
 }
 
 /// A scenario file that cannot be used.
@@ -884,6 +920,19 @@ impl Scenario {
             return Err(
                 "expect.host_pids = \"changed\" needs workload.namespaces with \"pid\"".to_owned(),
             );
+        }
+        if self.host.image_fs_kib == Some(0) {
+            return Err("host.image_fs_kib must be at least 1".to_owned());
+        }
+        if let Some(p) = self
+            .expect
+            .images_absent
+            .iter()
+            .find(|p| p.is_empty() || p.contains('/'))
+        {
+            return Err(format!(
+                "expect.images_absent: `{p}` is not a file name pattern (empty, or has a `/`)"
+            ));
         }
         let any: Vec<usize> = (0..self.steps.len())
             .filter(|i| self.steps[*i].expect == Some(Outcome::Any))
@@ -1398,6 +1447,60 @@ expect = "ok"
         let text = MINIMAL.replace("threads = 2", "thread = 2");
         let e = Scenario::parse("s.toml", &text).unwrap_err().to_string();
         assert!(e.contains("thread"), "{e}");
+    }
+
+    #[test]
+    fn image_fs_and_absent_images_parse_and_are_checked() {
+        let text = MINIMAL.replace("profile = \"4.1\"", "profile = \"4.1\"\nimage_fs_kib = 64")
+            + "[expect]\nimages_absent = [\"cuda-cs-*\", \"x?.img\"]\n";
+        let s = Scenario::parse("s.toml", &text).unwrap();
+        assert_eq!(s.host.image_fs_kib, Some(64));
+        assert_eq!(s.expect.images_absent, ["cuda-cs-*", "x?.img"]);
+        let s = Scenario::parse("m.toml", MINIMAL).unwrap();
+        assert_eq!(s.host.image_fs_kib, None);
+        assert!(s.expect.images_absent.is_empty());
+        for (bad, why) in [
+            (
+                MINIMAL.replace("profile = \"4.1\"", "profile = \"4.1\"\nimage_fs_kib = 0"),
+                "image_fs_kib must be at least 1",
+            ),
+            (
+                format!("{MINIMAL}[expect]\nimages_absent = [\"img/cuda-*\"]\n"),
+                "not a file name pattern",
+            ),
+            (
+                format!("{MINIMAL}[expect]\nimages_absent = [\"\"]\n"),
+                "not a file name pattern",
+            ),
+            (
+                MINIMAL.replace("profile = \"4.1\"", "profile = \"4.1\"\nimage_fs_kib = -1"),
+                "image_fs_kib",
+            ),
+        ] {
+            let e = Scenario::parse("dir/s.toml", &bad).unwrap_err().to_string();
+            assert!(e.starts_with("dir/s.toml: ") && e.contains(why), "{why}: {e}");
+        }
+    }
+
+    #[test]
+    fn glob_matches_stars_and_question_marks_only() {
+        for (p, n, want) in [
+            ("cuda-cs-*", "cuda-cs-123-0.img", true),
+            ("cuda-cs-*", "cuda-cs-", true),
+            ("cuda-cs-*", "cuda-plugin-1.img", false),
+            ("*.img", "pages-1.img", true),
+            ("*.img", "pages-1.img.tmp", false),
+            ("cuda-cs-*-1.img", "cuda-cs-77-1.img", true),
+            ("cuda-cs-*-1.img", "cuda-cs-77-0.img", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("[ab]", "a", false),
+            ("[ab]", "[ab]", true),
+            ("*", "", true),
+            ("", "", true),
+        ] {
+            assert_eq!(glob_match(p, n), want, "{p} ~ {n}");
+        }
     }
 
     #[test]

@@ -79,6 +79,7 @@ impl Exec<'_> {
                 return Err(format!("task {name} should have died\n(pid {pid})"));
             }
         }
+        self.check_images_absent()?;
         if !s.expect.cuda_state.is_empty() {
             let st = self.world_status()?;
             for (name, want) in &s.expect.cuda_state {
@@ -264,6 +265,61 @@ impl Exec<'_> {
             .unwrap_or_default()
     }
 
+    /// `[host] image_fs_kib`: mounts a tmpfs of `kib` KiB over the (new) image directory.
+    pub(super) fn mount_image_fs(&mut self, kib: u64) -> Result<(), String> {
+        let img = self.dir.join("img");
+        std::fs::create_dir_all(&img).map_err(|e| format!("{}: {e}", img.display()))?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k,mode=0755"), "tmpfs"])
+            .arg(&img)
+            .output()
+            .map_err(|e| format!("host.image_fs_kib: mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "host.image_fs_kib: mount -t tmpfs -o size={kib}k over {}: {}",
+                img.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        self.image_fs = Some(img);
+        Ok(())
+    }
+
+    /// `expect.images_absent`: no file of the image directory matches any of the patterns.
+    fn check_images_absent(&self) -> Result<(), String> {
+        let patterns = &self.s.expect.images_absent;
+        if patterns.is_empty() {
+            return Ok(());
+        }
+        let img = self.dir.join("img");
+        let mut names: Vec<String> = match std::fs::read_dir(&img) {
+            Ok(rd) => rd
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(format!("expect.images_absent: {}: {e}", img.display())),
+        };
+        names.sort();
+        let found: Vec<String> = names
+            .iter()
+            .filter(|n| {
+                patterns
+                    .iter()
+                    .any(|p| crate::scenario::glob_match(p, n))
+            })
+            .map(|n| self.normalise(n))
+            .collect();
+        if found.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "expect.images_absent {patterns:?}: the image directory holds {}\n{}",
+            found.join(", "),
+            self.transcript
+        ))
+    }
+
     pub(super) fn cleanup(&mut self) {
         let mut victims: Vec<i32> = self.pids.values().copied().collect();
         let old: Vec<i32> = self
@@ -277,6 +333,12 @@ impl Exec<'_> {
             victims.extend(world_processes(w));
         }
         kill_and_reap(&victims, self.root_child.take());
+        if let Some(img) = self.image_fs.take() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&img)
+                .status();
+        }
     }
 }
 

@@ -204,6 +204,7 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
         violations: Vec::new(),
         invariants: None,
         last_ok: false,
+        image_fs: None,
     };
     if let Some(why) = needs_root(s) {
         let verdict = if opts.require_criu && s.host.engine == EngineKind::Criu {
@@ -331,6 +332,9 @@ pub fn needs_root(s: &Scenario) -> Option<String> {
     if s.host.engine == EngineKind::Criu {
         return Some("not root: real CRIU needs root".to_owned());
     }
+    if s.host.image_fs_kib.is_some() {
+        return Some("not root: an image filesystem of its own (host.image_fs_kib) needs root".to_owned());
+    }
     (!s.workload.namespaces.is_empty())
         .then(|| "not root: a tree in new pid or mount namespaces needs root".to_owned())
 }
@@ -379,6 +383,8 @@ struct Exec<'a> {
     invariants: Option<InvariantReport>,
     /// Whether the last step that ran exited 0.
     last_ok: bool,
+    /// `[host] image_fs_kib`: the tmpfs mounted over the image directory, unmounted at the end.
+    image_fs: Option<PathBuf>,
 }
 
 const DEFAULT_GPU: &str = r#"
@@ -398,6 +404,9 @@ impl Exec<'_> {
             self.init_world()?;
         }
         self.install_plugins(&lib)?;
+        if let Some(kib) = self.s.host.image_fs_kib {
+            self.mount_image_fs(kib)?;
+        }
         if cuda {
             self.spawn_apps()?;
             self.install_faults()?;
