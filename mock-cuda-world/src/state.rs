@@ -89,6 +89,11 @@ pub struct ProcessEntry {
     /// (CHECKPOINTING, RESTORING).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub custom_storage: bool,
+    /// While a custom-storage operation is open: the liveness file (under the world) its caller
+    /// holds locked for its life. `cuCheckpointProcessGetState` uses it to see the abort that
+    /// the caller's death brings (see mock-libcuda's `custom` module).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_caller: Option<String>,
 }
 
 impl ProcessEntry {

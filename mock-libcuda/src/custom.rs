@@ -50,6 +50,14 @@ const PUBLISH: Duration = Duration::from_millis(50);
 /// A copy shorter than this (wall-clock, alone) just sleeps its time.
 const INSTANT: Duration = Duration::from_millis(2);
 
+/// Whether the caller whose liveness file is `caller` (relative to the world) is gone: the file
+/// is missing or nobody holds its lock.
+#[must_use]
+pub fn caller_gone(w: &World, caller: &str) -> bool {
+    let path = w.dir().join(caller);
+    !path.exists() || crate::ffi::sys::FileLock::acquire(&path, std::time::Instant::now()).is_ok()
+}
+
 /// The GPU of the open operation's range `dptr` lies in, if it lies in one.
 #[must_use]
 pub fn gpu_of(dptr: u64) -> Option<GpuUuid> {

@@ -912,10 +912,31 @@ pub fn get_state(pid: i32) -> R<CUprocessState> {
         &target_args(pid),
         || {
             let t = resolve(&w, pid)?;
-            Ok(entry_of(&w, t)?.state())
+            let e = entry_of(&w, t)?;
+            // An open custom-storage operation whose caller has died is aborted by the
+            // target's restore thread within its idle wait: the state a caller asks for after
+            // that death is the one the abort leaves (as a driver that cleans up at the
+            // caller's exit would report it), when the thread can run.
+            if let (Some(c), true) = (&e.open_caller, e.state().0 >= 4) {
+                if crate::custom::caller_gone(&w, c) {
+                    let until = Instant::now() + ABORT_WAIT;
+                    while Instant::now() < until {
+                        let now = entry_of(&w, t)?;
+                        if now.state().0 < 4 {
+                            return Ok(now.state());
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+            Ok(e.state())
         },
     )
 }
+
+/// How long `cuCheckpointProcessGetState` waits for the abort of an operation whose caller
+/// died (the restore thread looks every 50 ms; a stopped one never does).
+const ABORT_WAIT: Duration = Duration::from_secs(1);
 
 fn request_deadline(w: &World) -> Instant {
     Instant::now() + Duration::from_millis(w.config().driver.request_timeout_ms)

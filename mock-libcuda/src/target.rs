@@ -310,6 +310,7 @@ pub fn ensure_registered(
                     checkpointed: Vec::new(),
                     reserved: Vec::new(),
                     custom_storage: false,
+                    open_caller: None,
                 },
             );
         })
@@ -699,10 +700,23 @@ impl Runtime {
     fn set_state_custom(&self, state: CUprocessState, custom: bool) -> CUresult {
         self.gate.state.store(state.0, SeqCst);
         let id = self.id;
+        let caller = matches!(
+            state,
+            CUprocessState::CHECKPOINTING | CUprocessState::RESTORING
+        )
+        .then(|| {
+            self.open_op
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|o| o.caller.clone())
+        })
+        .flatten();
         let r = self.world().update(|st| {
             if let Some(e) = st.processes.get_mut(&id) {
                 e.state = state.0;
                 e.custom_storage = custom;
+                e.open_caller = caller;
             }
         });
         if r.is_ok() {
