@@ -83,7 +83,11 @@ impl Probe {
             criu,
             criu_versions: Some(toolchain::workspace_root().join("target/criu/versions")),
             lib_dirs,
-            self_exe: std::env::current_exe().ok(),
+            // Only the zdtm-cuda program has the `cuda-driver` subcommand: any other program
+            // (a test binary using this library) would run itself again, and again.
+            self_exe: std::env::current_exe()
+                .ok()
+                .filter(|p| p.file_name().is_some_and(|n| n == "zdtm-cuda")),
             runner: Box::new(SystemRunner),
         }
     }
