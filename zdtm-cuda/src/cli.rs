@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::runner::{Backend, OptionStyle};
+use crate::runner::{Backend, CustomStorage, OptionStyle};
 use crate::workloads;
 
 /// Real CUDA workloads checkpointed and restored through real CRIU with cuda_plugin.so.
@@ -18,6 +18,10 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; boxing would only complicate the tests' matches"
+)]
 pub enum Cmd {
     /// Report the driver, GPUs, nvcc, cuBLAS, CRIU and root; each missing one with its reason.
     Detect(DetectArgs),
@@ -27,6 +31,10 @@ pub enum Cmd {
     List,
     /// Run workloads through CRIU dump and restore, one at a time.
     Run(RunArgs),
+    /// Print libcuda.so.1's cuDriverGetVersion and whether cuCheckpointOperationComplete
+    /// resolves (what `detect` and `run` ask, in a process of their own).
+    #[command(hide = true, name = "cuda-driver")]
+    CudaDriver,
 }
 
 /// `detect`.
@@ -90,6 +98,11 @@ pub struct RunArgs {
     /// Plugin backend(s); several (comma-separated or repeated) run the set once per backend.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub backend: Vec<Backend>,
+    /// `cuda_plugin.custom-storage=` settings: each workload runs once per setting, as its own
+    /// case (`cuda00[custom-storage=on]`); `on` is skipped, with the reason, where the driver
+    /// does not report CUDA 13.4 or the backend is cuda-checkpoint.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["on", "off"])]
+    pub custom_storage: Vec<CustomStorage>,
     /// The CRIU to use (default: criu in PATH, else the newest of target/criu/versions).
     #[arg(long, value_name = "PATH")]
     pub criu: Option<PathBuf>,

@@ -54,6 +54,9 @@ pub struct Probe {
     pub criu_versions: Option<PathBuf>,
     /// Directories searched for `libcublas.so*` before `ldconfig -p`.
     pub lib_dirs: Vec<PathBuf>,
+    /// This program, run as `<self_exe> cuda-driver` to ask `libcuda.so.1` for its CUDA
+    /// version in a process of its own (`None`: only `nvidia-smi` is asked).
+    pub self_exe: Option<PathBuf>,
     /// Runs helper programs.
     pub runner: Box<dyn CommandRunner>,
 }
@@ -80,6 +83,11 @@ impl Probe {
             criu,
             criu_versions: Some(toolchain::workspace_root().join("target/criu/versions")),
             lib_dirs,
+            // Only the zdtm-cuda program has the `cuda-driver` subcommand: any other program
+            // (a test binary using this library) would run itself again, and again.
+            self_exe: std::env::current_exe()
+                .ok()
+                .filter(|p| p.file_name().is_some_and(|n| n == "zdtm-cuda")),
             runner: Box::new(SystemRunner),
         }
     }
@@ -110,6 +118,134 @@ pub struct Criu {
     pub version: String,
 }
 
+/// The CUDA version of the driver (`cuDriverGetVersion`) and whether it has custom storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaDriver {
+    /// `cuDriverGetVersion`'s number, e.g. 13040 for CUDA 13.4.
+    pub version: u32,
+    /// Whether `cuGetProcAddress("cuCheckpointOperationComplete", 13040)` resolves (`None`:
+    /// not probed, the version came from `nvidia-smi`).
+    pub operation_complete: Option<bool>,
+    /// Where the version came from.
+    pub source: String,
+}
+
+/// The first driver version with custom storage (CUDA 13.4).
+pub const CUSTOM_STORAGE_MIN_CUDA: u32 = 13040;
+
+/// `13040` -> `13.4` (`cuDriverGetVersion`'s encoding: 1000 * major + 10 * minor).
+#[must_use]
+pub fn cuda_version_str(v: u32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+impl CudaDriver {
+    /// Why custom storage cannot run on this driver, or `None` when it can.
+    #[must_use]
+    pub fn custom_storage_blocker(&self) -> Option<String> {
+        if self.version < CUSTOM_STORAGE_MIN_CUDA {
+            return Some(format!(
+                "custom storage needs a CUDA 13.4 driver; this one reports {}",
+                cuda_version_str(self.version)
+            ));
+        }
+        if self.operation_complete == Some(false) {
+            return Some(format!(
+                "custom storage needs cuCheckpointOperationComplete; this driver reports {} but cuGetProcAddress(\"cuCheckpointOperationComplete\", 13040) does not resolve it",
+                cuda_version_str(self.version)
+            ));
+        }
+        None
+    }
+}
+
+/// The output of `zdtm-cuda cuda-driver` (`cuda_driver_version=13040` and
+/// `checkpoint_operation_complete=yes|no` lines) -> the driver.
+#[must_use]
+pub fn parse_cuda_driver_probe(text: &str, source: &str) -> Option<CudaDriver> {
+    let mut version = None;
+    let mut complete = None;
+    for l in text.lines().map(str::trim) {
+        if let Some(v) = l.strip_prefix("cuda_driver_version=") {
+            version = v.parse().ok();
+        } else if let Some(c) = l.strip_prefix("checkpoint_operation_complete=") {
+            complete = match c {
+                "yes" => Some(true),
+                "no" => Some(false),
+                _ => None,
+            };
+        }
+    }
+    Some(CudaDriver {
+        version: version.filter(|&v| v > 0)?,
+        operation_complete: complete,
+        source: source.to_owned(),
+    })
+}
+
+/// `nvidia-smi`'s banner (`... Driver Version: 580.65.06  CUDA Version: 13.0 ...`) -> 13000.
+#[must_use]
+pub fn parse_smi_cuda_version(text: &str) -> Option<u32> {
+    let rest = &text[text.find("CUDA Version")? + "CUDA Version".len()..];
+    let v = rest
+        .trim_start_matches([' ', ':'])
+        .split_whitespace()
+        .next()?;
+    let v = v.trim_end_matches('|');
+    let (major, minor) = v.split_once('.')?;
+    let (major, minor): (u32, u32) = (major.parse().ok()?, minor.parse().ok()?);
+    (minor < 100).then_some(major * 1000 + minor * 10)
+}
+
+/// Asks `libcuda.so.1` (in this process) for `cuDriverGetVersion` and, from 13.4, whether
+/// `cuGetProcAddress_v2("cuCheckpointOperationComplete", 13040)` resolves; no `cuInit`. The
+/// body of the hidden `zdtm-cuda cuda-driver` subcommand, printed as
+/// `cuda_driver_version=N` and `checkpoint_operation_complete=yes|no`.
+///
+/// # Errors
+/// Why the library or its entry points cannot be had.
+pub fn probe_libcuda() -> Result<(u32, bool), String> {
+    use std::ffi::{c_char, c_int, c_void};
+    type DriverGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type GetProcAddressV2 =
+        unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
+    // SAFETY: loading the NVIDIA driver library runs its initialisers, which have no
+    // preconditions; nothing else in this process uses it.
+    let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+        .map_err(|e| format!("cannot load libcuda.so.1: {e}"))?;
+    // SAFETY: `cuDriverGetVersion` has the C signature `CUresult (int *)`.
+    let get_version = unsafe { lib.get::<DriverGetVersion>(b"cuDriverGetVersion\0") }
+        .map_err(|e| format!("libcuda.so.1 has no cuDriverGetVersion: {e}"))?;
+    let mut v: c_int = 0;
+    // SAFETY: it writes one int through a valid pointer.
+    let r = unsafe { get_version(&mut v) };
+    if r != 0 || v <= 0 {
+        return Err(format!("cuDriverGetVersion failed (CUresult {r})"));
+    }
+    let version = u32::try_from(v).unwrap_or(0);
+    if version < CUSTOM_STORAGE_MIN_CUDA {
+        return Ok((version, false));
+    }
+    // SAFETY: `cuGetProcAddress_v2` has the C signature `CUresult (const char *, void **, int,
+    // cuuint64_t, CUdriverProcAddressQueryResult *)`.
+    let Ok(gpa) = (unsafe { lib.get::<GetProcAddressV2>(b"cuGetProcAddress_v2\0") }) else {
+        return Ok((version, false));
+    };
+    let mut pfn: *mut c_void = std::ptr::null_mut();
+    let mut status: c_int = 0;
+    // SAFETY: a NUL-terminated name and valid out-pointers; flags 0 is the default query.
+    let r = unsafe {
+        gpa(
+            c"cuCheckpointOperationComplete".as_ptr(),
+            &mut pfn,
+            13040,
+            0,
+            &mut status,
+        )
+    };
+    Ok((version, r == 0 && !pfn.is_null()))
+}
+
 /// A found thing, or the exact reason it is missing.
 pub type Found<T> = Result<T, String>;
 
@@ -130,6 +266,8 @@ pub struct Detection {
     pub criu: Found<Criu>,
     /// Running as root.
     pub root: Found<()>,
+    /// The driver's CUDA version (decides the custom-storage cases).
+    pub cuda: Found<CudaDriver>,
 }
 
 /// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ...` (or the
@@ -197,6 +335,38 @@ fn detect_driver(p: &Probe) -> Found<Driver> {
             smi.display()
         )),
     }
+}
+
+fn detect_cuda(p: &Probe) -> Found<CudaDriver> {
+    let mut why = Vec::new();
+    if let Some(exe) = &p.self_exe {
+        match p.runner.stdout(exe, &["cuda-driver"]) {
+            Some(out) => {
+                if let Some(d) = parse_cuda_driver_probe(&out, "libcuda.so.1") {
+                    return Ok(d);
+                }
+                why.push("libcuda.so.1: no version in the probe's output".to_owned());
+            }
+            None => why.push("libcuda.so.1 could not be asked (cuDriverGetVersion)".to_owned()),
+        }
+    }
+    match p.in_path("nvidia-smi") {
+        Some(smi) => match p.runner.stdout(&smi, &[]) {
+            Some(out) => match parse_smi_cuda_version(&out) {
+                Some(version) => {
+                    return Ok(CudaDriver {
+                        version,
+                        operation_complete: None,
+                        source: smi.display().to_string(),
+                    })
+                }
+                None => why.push(format!("{} shows no CUDA Version", smi.display())),
+            },
+            None => why.push(format!("{} failed", smi.display())),
+        },
+        None => why.push("nvidia-smi is not in PATH".to_owned()),
+    }
+    Err(format!("CUDA version unknown: {}", why.join("; ")))
 }
 
 fn detect_gpus(p: &Probe) -> Found<u32> {
@@ -337,6 +507,7 @@ pub fn detect(p: &Probe) -> Detection {
                 p.euid
             ))
         },
+        cuda: detect_cuda(p),
     }
 }
 
@@ -371,6 +542,31 @@ impl Detection {
                     .map_err(Clone::clone),
             ),
             ("gpus", gpus),
+            (
+                "cuda",
+                self.cuda
+                    .as_ref()
+                    .map(|c| {
+                        let cs = match c.custom_storage_blocker() {
+                            None => "custom storage".to_owned(),
+                            Some(_) => "no custom storage".to_owned(),
+                        };
+                        let probe = match c.operation_complete {
+                            Some(true) => ", cuCheckpointOperationComplete resolves",
+                            Some(false) if c.version >= CUSTOM_STORAGE_MIN_CUDA => {
+                                ", cuCheckpointOperationComplete does not resolve"
+                            }
+                            _ => "",
+                        };
+                        format!(
+                            "{} ({}; {cs}{probe}; {})",
+                            cuda_version_str(c.version),
+                            c.version,
+                            c.source
+                        )
+                    })
+                    .map_err(Clone::clone),
+            ),
             ("workloads", self.workloads()),
             (
                 "cublas",
@@ -428,6 +624,22 @@ impl Detection {
             ));
         }
         None
+    }
+
+    /// Why the `custom-storage=on` case cannot run here (with `backend`), or `None` when it
+    /// can: it needs the driver-API backend (or the plugin's choice) on a driver that reports
+    /// CUDA 13.4 or newer. An unknown CUDA version is a reason too, never a silent drop.
+    #[must_use]
+    pub fn custom_storage_skip(&self, backend: crate::runner::Backend) -> Option<String> {
+        if backend == crate::runner::Backend::CudaCheckpoint {
+            return Some(
+                "custom storage needs the driver-api backend; cuda-checkpoint has none".to_owned(),
+            );
+        }
+        match &self.cuda {
+            Ok(c) => c.custom_storage_blocker(),
+            Err(e) => Some(format!("custom storage needs a CUDA 13.4 driver; {e}")),
+        }
     }
 
     /// The report of `zdtm-cuda detect`: one line per probe.

@@ -37,8 +37,26 @@ fn real_main() -> Result<ExitCode> {
                     Some(r) => println!("{:<16} SKIP: {r}", w.name),
                 }
             }
+            match d.custom_storage_skip(runner::Backend::DriverApi) {
+                None => println!("custom-storage=on cases runnable (driver-api backend)"),
+                Some(r) => println!("custom-storage=on cases SKIP: {r}"),
+            }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::CudaDriver => match detect::probe_libcuda() {
+            Ok((version, complete)) => {
+                println!("cuda_driver_version={version}");
+                println!(
+                    "checkpoint_operation_complete={}",
+                    if complete { "yes" } else { "no" }
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("zdtm-cuda: {e}");
+                Ok(ExitCode::FAILURE)
+            }
+        },
         Cmd::List => {
             for w in workloads::ALL {
                 println!("{:<16} {}", w.name, w.summary);
@@ -238,22 +256,28 @@ fn run_cmd(a: &RunArgs) -> Result<ExitCode> {
             mib: a.mib,
             timeout: Duration::from_secs(a.timeout),
             env,
+            custom_storage: None,
         });
     }
 
     let mut results = Vec::new();
     for &backend in &a.backend {
-        for w in &tests {
-            let r = match (d.skip_reason(w), &config) {
-                (Some(reason), _) => runner::skipped(w, backend, reason),
+        for case in runner::cases(&d, &tests, backend, &a.custom_storage) {
+            let name = case.name();
+            let r = match (&case.skip, &config) {
+                (Some(reason), _) => {
+                    println!("{name} ({}): SKIP: {reason}", backend.as_str());
+                    runner::skipped_case(&case, backend, reason.clone())
+                }
                 (None, Some(cfg)) => {
                     let cfg = RunConfig {
                         backend,
+                        custom_storage: case.custom_storage,
                         ..cfg.clone()
                     };
-                    println!("{} ({}) ...", w.name, backend.as_str());
-                    let r = runner::run_one(&cfg, w);
-                    println!("{} ({}): {}", w.name, backend.as_str(), r.outcome.label());
+                    println!("{name} ({}) ...", backend.as_str());
+                    let r = runner::run_one(&cfg, &case.workload);
+                    println!("{name} ({}): {}", backend.as_str(), r.outcome.label());
                     r
                 }
                 (None, None) => unreachable!("a runnable test implies a configuration"),

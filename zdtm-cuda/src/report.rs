@@ -28,6 +28,15 @@ impl Outcome {
     }
 }
 
+/// The `cuda-cs-*.img` files a dump wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CsFiles {
+    /// How many.
+    pub files: u32,
+    /// Their total size in bytes.
+    pub bytes: u64,
+}
+
 /// One dump (and restore) of a test.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Cycle {
@@ -37,6 +46,8 @@ pub struct Cycle {
     pub criu_restore: Option<Duration>,
     /// The plugin's phase times.
     pub phases: Phases,
+    /// The `cuda-cs-*.img` files of the dump (counted when the case sets custom storage).
+    pub cs_files: Option<CsFiles>,
 }
 
 /// One test's result.
@@ -46,6 +57,8 @@ pub struct TestResult {
     pub name: String,
     /// The backend it ran with.
     pub backend: String,
+    /// `cuda_plugin.custom-storage=` of the case (`on`, `off`), `None` when not passed.
+    pub custom_storage: Option<String>,
     /// How it ended.
     pub outcome: Outcome,
     /// Device memory reported in the READY line.
@@ -100,6 +113,12 @@ pub struct Summary {
     pub checkpoint_gbps: Option<f64>,
     /// Device bytes / restore time.
     pub restore_gbps: Option<f64>,
+    /// Device bytes / `criu dump` wall time.
+    pub criu_dump_gbps: Option<f64>,
+    /// Device bytes / `criu restore` wall time.
+    pub criu_restore_gbps: Option<f64>,
+    /// The first cycle's `cuda-cs-*.img` files.
+    pub cs_files: Option<CsFiles>,
 }
 
 impl TestResult {
@@ -116,7 +135,11 @@ impl TestResult {
             criu_restore: mean(c.iter().filter_map(|c| c.criu_restore.map(ms))),
             checkpoint_gbps: None,
             restore_gbps: None,
+            criu_dump_gbps: None,
+            criu_restore_gbps: None,
+            cs_files: c.iter().find_map(|c| c.cs_files),
         };
+        let rate = |t: Option<f64>| self.device_bytes.zip(t).and_then(|(b, t)| gbps(b, t));
         Summary {
             checkpoint_gbps: self
                 .device_bytes
@@ -126,9 +149,30 @@ impl TestResult {
                 .device_bytes
                 .zip(s.restore)
                 .and_then(|(b, t)| gbps(b, t)),
+            criu_dump_gbps: rate(s.criu_dump),
+            criu_restore_gbps: rate(s.criu_restore),
             ..s
         }
     }
+
+    /// The case's name: `cuda00`, or `cuda00[custom-storage=on]`.
+    #[must_use]
+    pub fn case_name(&self) -> String {
+        match &self.custom_storage {
+            None => self.name.clone(),
+            Some(c) => format!("{}[custom-storage={c}]", self.name),
+        }
+    }
+}
+
+fn mib(b: u64) -> String {
+    // An allow, not an expect: the lint is pedantic (see `gbps`).
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "display only: MiB with one decimal"
+    )]
+    let m = b as f64 / 1048576.0;
+    format!("{m:.1}")
 }
 
 fn opt(v: Option<f64>, prec: usize) -> String {
@@ -158,19 +202,11 @@ pub fn table(results: &[TestResult]) -> String {
     for r in results {
         let s = r.summary();
         rows.push(vec![
-            r.name.clone(),
+            r.case_name(),
             r.backend.clone(),
             r.outcome.label().to_owned(),
             r.cycles.len().to_string(),
-            // An allow, not an expect: the lint is pedantic (see `gbps`).
-            #[allow(
-                clippy::cast_precision_loss,
-                reason = "display only: MiB with one decimal"
-            )]
-            r.device_bytes.map_or_else(
-                || "-".to_owned(),
-                |b| format!("{:.1}", b as f64 / 1048576.0),
-            ),
+            r.device_bytes.map_or_else(|| "-".to_owned(), mib),
             opt(s.lock, 1),
             opt(s.checkpoint, 1),
             opt(s.checkpoint_gbps, 2),
@@ -181,26 +217,8 @@ pub fn table(results: &[TestResult]) -> String {
             opt(s.criu_restore, 0),
         ]);
     }
-    let widths: Vec<usize> = (0..head.len())
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i < 3 {
-                    format!("{c:<w$}")
-                } else {
-                    format!("{c:>w$}")
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = align(&rows, 3);
+    out.push_str(&custom_storage_table(results));
     let mut reasons = String::new();
     for r in results {
         match &r.outcome {
@@ -210,7 +228,7 @@ pub fn table(results: &[TestResult]) -> String {
                     reasons,
                     "  {} {} ({}): {why}",
                     r.outcome.label(),
-                    r.name,
+                    r.case_name(),
                     r.backend
                 );
             }
@@ -230,6 +248,106 @@ pub fn table(results: &[TestResult]) -> String {
         );
     }
     let _ = writeln!(out, "\n{p} passed, {f} failed, {s} skipped");
+    out
+}
+
+/// Rows as aligned columns: the first `left` left-aligned, the rest right-aligned.
+fn align(rows: &[Vec<String>], left: usize) -> String {
+    let n = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..n)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i < left {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Custom storage on and off side by side, one row per workload and backend that has a case
+/// with `custom_storage` set: the results, the GPU bytes next to the `cuda-cs-*.img` files
+/// (count and size) of the `on` dump, and `criu dump` / `criu restore` wall time and GB/s
+/// (GPU bytes over the wall time) of each. Empty when no case sets custom storage.
+#[must_use]
+pub fn custom_storage_table(results: &[TestResult]) -> String {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for r in results.iter().filter(|r| r.custom_storage.is_some()) {
+        if !keys.contains(&(r.name.as_str(), r.backend.as_str())) {
+            keys.push((&r.name, &r.backend));
+        }
+    }
+    if keys.is_empty() {
+        return String::new();
+    }
+    let head = [
+        "TEST",
+        "BACKEND",
+        "ON",
+        "OFF",
+        "DEV MiB",
+        "CS FILES",
+        "CS MiB",
+        "DUMP ms on",
+        "off",
+        "DUMP GB/s on",
+        "off",
+        "RESTORE ms on",
+        "off",
+        "RESTORE GB/s on",
+        "off",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| (*s).to_owned()).collect()];
+    for (name, backend) in keys {
+        let find = |cs: &str| {
+            results.iter().find(|r| {
+                r.name == name && r.backend == backend && r.custom_storage.as_deref() == Some(cs)
+            })
+        };
+        let (on, off) = (find("on"), find("off"));
+        let (son, soff) = (on.map(TestResult::summary), off.map(TestResult::summary));
+        let label = |r: Option<&TestResult>| r.map_or("-", |r| r.outcome.label()).to_owned();
+        let dev = on
+            .and_then(|r| r.device_bytes)
+            .or_else(|| off.and_then(|r| r.device_bytes));
+        let cs = son.and_then(|s| s.cs_files);
+        let get = |s: Option<Summary>, f: fn(&Summary) -> Option<f64>, p: usize| {
+            opt(s.as_ref().and_then(f), p)
+        };
+        rows.push(vec![
+            name.to_owned(),
+            backend.to_owned(),
+            label(on),
+            label(off),
+            dev.map_or_else(|| "-".to_owned(), mib),
+            cs.map_or_else(|| "-".to_owned(), |c| c.files.to_string()),
+            cs.map_or_else(|| "-".to_owned(), |c| mib(c.bytes)),
+            get(son, |s| s.criu_dump, 0),
+            get(soff, |s| s.criu_dump, 0),
+            get(son, |s| s.criu_dump_gbps, 2),
+            get(soff, |s| s.criu_dump_gbps, 2),
+            get(son, |s| s.criu_restore, 0),
+            get(soff, |s| s.criu_restore, 0),
+            get(son, |s| s.criu_restore_gbps, 2),
+            get(soff, |s| s.criu_restore_gbps, 2),
+        ]);
+    }
+    let mut out = String::from(
+        "\nCustom storage on vs off (criu dump / criu restore wall time; GB/s = GPU bytes / wall time; CS = the on dump's cuda-cs-*.img files):\n",
+    );
+    out.push_str(&align(&rows, 4));
     out
 }
 
@@ -319,11 +437,14 @@ fn junit_case(x: &mut String, suite: &str, r: &TestResult) {
     let _ = writeln!(
         x,
         "    <testcase classname=\"{suite}\" name=\"{}\" time=\"{}\">",
-        xml_escape(&r.name),
+        xml_escape(&r.case_name()),
         secs(r.elapsed)
     );
     let s = r.summary();
     let mut props: Vec<(&str, String)> = Vec::new();
+    if let Some(c) = &r.custom_storage {
+        props.push(("custom_storage", c.clone()));
+    }
     if let Some(b) = r.device_bytes {
         props.push(("device_bytes", b.to_string()));
     }
@@ -337,10 +458,16 @@ fn junit_case(x: &mut String, suite: &str, r: &TestResult) {
         ("criu_restore_ms", s.criu_restore, 1),
         ("checkpoint_gbps", s.checkpoint_gbps, 3),
         ("restore_gbps", s.restore_gbps, 3),
+        ("criu_dump_gbps", s.criu_dump_gbps, 3),
+        ("criu_restore_gbps", s.criu_restore_gbps, 3),
     ] {
         if let Some(v) = v {
             props.push((k, format!("{v:.p$}")));
         }
+    }
+    if let Some(c) = s.cs_files {
+        props.push(("cs_files", c.files.to_string()));
+        props.push(("cs_bytes", c.bytes.to_string()));
     }
     if let Some(d) = &r.log_dir {
         props.push(("log_dir", d.clone()));
@@ -381,6 +508,15 @@ fn junit_case(x: &mut String, suite: &str, r: &TestResult) {
             opt(c.phases.restore, 3),
             opt(c.phases.unlock, 3),
         );
+        if let Some(f) = c.cs_files {
+            let _ = writeln!(
+                out,
+                "cycle {}: {} cuda-cs-*.img file(s), {} bytes",
+                i + 1,
+                f.files,
+                f.bytes
+            );
+        }
     }
     for n in &r.notes {
         out.push_str(n);

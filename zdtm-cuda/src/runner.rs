@@ -17,7 +17,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::plugin_log::Phases;
-use crate::report::{Cycle, Outcome, TestResult};
+use crate::report::{CsFiles, Cycle, Outcome, TestResult};
 use crate::workloads::{Workload, EXIT_PASS, EXIT_SKIP};
 
 /// The plugin backend (`cuda_plugin.backend=`).
@@ -41,6 +41,89 @@ impl Backend {
             Backend::Auto => "auto",
         }
     }
+}
+
+/// `cuda_plugin.custom-storage=` for a test case (see `docs/custom-storage.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CustomStorage {
+    /// GPU memory straight into `cuda-cs-*.img` (needs a CUDA 13.4 driver).
+    On,
+    /// Host staging, as before custom storage.
+    Off,
+}
+
+impl CustomStorage {
+    /// The option spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CustomStorage::On => "on",
+            CustomStorage::Off => "off",
+        }
+    }
+}
+
+/// One test case: a workload, and the custom-storage setting it runs with (`None`: the option
+/// is not passed, the plugin's default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Case {
+    /// The workload.
+    pub workload: Workload,
+    /// `cuda_plugin.custom-storage=`.
+    pub custom_storage: Option<CustomStorage>,
+    /// Why it cannot run here, or `None` when it can.
+    pub skip: Option<String>,
+}
+
+impl Case {
+    /// `cuda00`, or `cuda00[custom-storage=on]`.
+    #[must_use]
+    pub fn name(&self) -> String {
+        case_name(self.workload.name, self.custom_storage)
+    }
+}
+
+/// `cuda00`, or `cuda00[custom-storage=on]`.
+#[must_use]
+pub fn case_name(workload: &str, cs: Option<CustomStorage>) -> String {
+    match cs {
+        None => workload.to_owned(),
+        Some(c) => format!("{workload}[custom-storage={}]", c.as_str()),
+    }
+}
+
+/// The cases of `workloads` with `backend`: each workload once per custom-storage setting in
+/// `modes` (once without the option when `modes` is empty). A workload that cannot run here
+/// is skipped in every case with its reason; a `custom-storage=on` case where custom storage
+/// cannot run (an older or unknown driver, the cuda-checkpoint backend) is skipped with that
+/// reason, never dropped.
+#[must_use]
+pub fn cases(
+    d: &crate::detect::Detection,
+    workloads: &[Workload],
+    backend: Backend,
+    modes: &[CustomStorage],
+) -> Vec<Case> {
+    let modes: Vec<Option<CustomStorage>> = if modes.is_empty() {
+        vec![None]
+    } else {
+        modes.iter().copied().map(Some).collect()
+    };
+    let mut v = Vec::new();
+    for w in workloads {
+        for &cs in &modes {
+            let skip = d.skip_reason(w).or_else(|| match cs {
+                Some(CustomStorage::On) => d.custom_storage_skip(backend),
+                _ => None,
+            });
+            v.push(Case {
+                workload: *w,
+                custom_storage: cs,
+                skip,
+            });
+        }
+    }
+    v
 }
 
 /// How plugin options reach CRIU.
@@ -83,12 +166,17 @@ pub struct RunConfig {
     pub timeout: Duration,
     /// Extra environment for the workloads (e.g. `LD_LIBRARY_PATH` for cuBLAS).
     pub env: Vec<(OsString, OsString)>,
+    /// `cuda_plugin.custom-storage=` at dump and restore (`None`: not passed).
+    pub custom_storage: Option<CustomStorage>,
 }
 
 /// `CRIU_PLUGIN_OPTIONS` for a dump (`restore = false`) or a restore.
 #[must_use]
 pub fn plugin_options(cfg: &RunConfig, restore: bool) -> Vec<String> {
     let mut v = vec![format!("cuda_plugin.backend={}", cfg.backend.as_str())];
+    if let Some(cs) = cfg.custom_storage {
+        v.push(format!("cuda_plugin.custom-storage={}", cs.as_str()));
+    }
     if restore {
         if let Some(m) = &cfg.device_map {
             v.push(format!("cuda_plugin.device-map={m}"));
@@ -214,6 +302,35 @@ pub fn verdict(status: &Status, exit: Exit) -> Outcome {
     }
 }
 
+/// The `cuda-cs-*.img` files of an image directory: how many, and their total size.
+#[must_use]
+pub fn cs_files(images: &Path) -> CsFiles {
+    let mut c = CsFiles::default();
+    for e in std::fs::read_dir(images).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("cuda-cs-") && name.ends_with(".img") {
+            c.files += 1;
+            c.bytes += e.metadata().map_or(0, |m| m.len());
+        }
+    }
+    c
+}
+
+/// The plugin's custom-storage lines of a CRIU log (`cuda_plugin: custom storage: ...`,
+/// what it decided at init), without the prefix.
+#[must_use]
+pub fn custom_storage_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| {
+            let i = l.find("cuda_plugin: ")?;
+            let rest = &l[i + "cuda_plugin: ".len()..];
+            rest.contains("custom storage")
+                .then(|| rest.trim().to_owned())
+        })
+        .collect()
+}
+
 /// Makes this process a child subreaper (see the module documentation).
 pub fn become_subreaper() -> Result<(), Errno> {
     nix::sys::prctl::set_child_subreaper(true)
@@ -335,12 +452,22 @@ impl Ctx<'_> {
     }
 }
 
+/// The result of a case that did not run.
+#[must_use]
+pub fn skipped_case(c: &Case, backend: Backend, reason: String) -> TestResult {
+    TestResult {
+        custom_storage: c.custom_storage.map(|m| m.as_str().to_owned()),
+        ..skipped(&c.workload, backend, reason)
+    }
+}
+
 /// A test result for a test that did not run.
 #[must_use]
 pub fn skipped(w: &Workload, backend: Backend, reason: String) -> TestResult {
     TestResult {
         name: w.name.to_owned(),
         backend: backend.as_str().to_owned(),
+        custom_storage: None,
         outcome: Outcome::Skip(reason),
         device_bytes: None,
         cycles: Vec::new(),
@@ -355,7 +482,11 @@ pub fn skipped(w: &Workload, backend: Backend, reason: String) -> TestResult {
 #[must_use]
 pub fn run_one(cfg: &RunConfig, w: &Workload) -> TestResult {
     let started = Instant::now();
-    let dir = cfg.work_dir.join(cfg.backend.as_str()).join(w.name);
+    let mut dir = cfg.work_dir.join(cfg.backend.as_str());
+    if let Some(cs) = cfg.custom_storage {
+        dir.push(format!("custom-storage-{}", cs.as_str()));
+    }
+    let dir = dir.join(w.name);
     let mut cx = Ctx {
         cfg,
         status_file: dir.join("status"),
@@ -363,6 +494,7 @@ pub fn run_one(cfg: &RunConfig, w: &Workload) -> TestResult {
         result: TestResult {
             name: w.name.to_owned(),
             backend: cfg.backend.as_str().to_owned(),
+            custom_storage: cfg.custom_storage.map(|c| c.as_str().to_owned()),
             outcome: Outcome::Pass,
             device_bytes: None,
             cycles: Vec::new(),
@@ -461,7 +593,35 @@ pub fn run_one(cfg: &RunConfig, w: &Workload) -> TestResult {
         let mut cycle = Cycle::default();
         let dump_log = format!("dump-{i}.log");
         match cx.criu(&dump_args(cfg, pid, &images, &dir, &dump_log), false) {
-            Ok((true, d)) => cycle.criu_dump = Some(d),
+            Ok((true, d)) => {
+                cycle.criu_dump = Some(d);
+                if i == 1 {
+                    let lines = custom_storage_lines(&cx.log(&dump_log));
+                    cx.result
+                        .notes
+                        .extend(lines.into_iter().map(|l| format!("plugin (dump): {l}")));
+                }
+                if let Some(cs) = cfg.custom_storage {
+                    let files = cs_files(&images);
+                    cycle.cs_files = Some(files);
+                    let wrong = match cs {
+                        CustomStorage::On if files.files == 0 => Some(
+                            "custom-storage=on, but the dump wrote no cuda-cs-*.img file"
+                                .to_owned(),
+                        ),
+                        CustomStorage::Off if files.files > 0 => Some(format!(
+                            "custom-storage=off, but the dump wrote {} cuda-cs-*.img file(s)",
+                            files.files
+                        )),
+                        _ => None,
+                    };
+                    if let Some(why) = wrong {
+                        cx.result.cycles.push(cycle);
+                        kill_and_reap(pid);
+                        return cx.finish(Outcome::Fail(format!("cycle {i}: {why}")), started);
+                    }
+                }
+            }
             Ok((false, _)) => {
                 let errs = criu_errors(&cx.log(&dump_log), 5);
                 cx.result.notes.extend(errs.iter().cloned());
@@ -499,7 +659,15 @@ pub fn run_one(cfg: &RunConfig, w: &Workload) -> TestResult {
                 }
             }
             match cx.criu(&restore_args(cfg, &images, &dir, &restore_log), true) {
-                Ok((true, d)) => cycle.criu_restore = Some(d),
+                Ok((true, d)) => {
+                    cycle.criu_restore = Some(d);
+                    if i == 1 {
+                        let lines = custom_storage_lines(&cx.log(&restore_log));
+                        cx.result
+                            .notes
+                            .extend(lines.into_iter().map(|l| format!("plugin (restore): {l}")));
+                    }
+                }
                 Ok((false, _)) => {
                     let errs = criu_errors(&cx.log(&restore_log), 5);
                     cx.result.notes.extend(errs.iter().cloned());

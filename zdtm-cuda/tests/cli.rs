@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use zdtm_cuda::cli::{parse_device_map, Cli, Cmd, DeviceMapError};
-use zdtm_cuda::runner::{Backend, OptionStyle};
+use zdtm_cuda::runner::{Backend, CustomStorage, OptionStyle};
 
 const A: &str = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
 const B: &str = "GPU-ffffffff-aaaa-bbbb-cccc-ddddeeeeffff";
@@ -21,6 +21,7 @@ fn run_defaults() {
     let r = run(&["--all"]).unwrap();
     assert!(r.all && r.tests.is_empty());
     assert_eq!(r.backend, [Backend::Auto]);
+    assert_eq!(r.custom_storage, [CustomStorage::On, CustomStorage::Off]);
     assert_eq!(r.repeat, 1);
     assert_eq!(r.timeout, 300);
     assert_eq!(r.plugin_options, OptionStyle::Auto);
@@ -72,6 +73,15 @@ fn run_everything() {
     assert_eq!(r.compile.jobs, Some(2));
     assert_eq!(r.plugin_options, OptionStyle::Env);
     assert!(r.leave_running && r.keep_images);
+}
+
+#[test]
+fn custom_storage_flag() {
+    let r = run(&["--all", "--custom-storage", "off"]).unwrap();
+    assert_eq!(r.custom_storage, [CustomStorage::Off]);
+    let r = run(&["--all", "--custom-storage", "on,off"]).unwrap();
+    assert_eq!(r.custom_storage, [CustomStorage::On, CustomStorage::Off]);
+    assert!(run(&["--all", "--custom-storage", "maybe"]).is_err());
 }
 
 #[test]

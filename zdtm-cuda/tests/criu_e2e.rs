@@ -124,6 +124,7 @@ fn runner_drives_real_criu(criu: PathBuf) {
         mib: None,
         timeout: Duration::from_secs(60),
         env: Vec::new(),
+        custom_storage: None,
     };
 
     let r = runner::run_one(&cfg, &FAKE_WORKLOAD);

@@ -6,8 +6,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use zdtm_cuda::detect::{
-    self, criu_version_ok, parse_criu_version, parse_proc_driver_version, CommandRunner, Probe,
+    self, criu_version_ok, parse_criu_version, parse_cuda_driver_probe, parse_proc_driver_version,
+    parse_smi_cuda_version, CommandRunner, Probe,
 };
+use zdtm_cuda::runner::{self, Backend, CustomStorage};
 use zdtm_cuda::toolchain::NvccLookup;
 use zdtm_cuda::workloads;
 
@@ -78,6 +80,7 @@ impl Machine {
             criu: None,
             criu_versions: None,
             lib_dirs: vec![self.p("lib")],
+            self_exe: Some(self.p("bin/zdtm-cuda")),
             runner: Box::new(Fake(
                 answers
                     .iter()
@@ -320,8 +323,160 @@ fn render_lists_every_probe() {
         .collect();
     assert_eq!(
         names,
-        ["driver", "gpus", "workloads", "cublas", "criu", "root"]
+        [
+            "driver",
+            "gpus",
+            "cuda",
+            "workloads",
+            "cublas",
+            "criu",
+            "root"
+        ]
     );
     assert!(out.contains("criu       ok    4.1.1"), "{out}");
     assert!(out.contains("driver     SKIP  no NVIDIA driver"), "{out}");
+}
+
+const CUDA_13_4: (&str, &str) = (
+    "zdtm-cuda cuda-driver",
+    "cuda_driver_version=13040\ncheckpoint_operation_complete=yes\n",
+);
+const CUDA_13_0: (&str, &str) = (
+    "zdtm-cuda cuda-driver",
+    "cuda_driver_version=13000\ncheckpoint_operation_complete=no\n",
+);
+const BOTH: &[CustomStorage] = &[CustomStorage::On, CustomStorage::Off];
+
+#[test]
+fn parses_cuda_versions() {
+    let d = parse_cuda_driver_probe(CUDA_13_4.1, "libcuda.so.1").unwrap();
+    assert_eq!((d.version, d.operation_complete), (13040, Some(true)));
+    assert_eq!(d.custom_storage_blocker(), None);
+    assert_eq!(
+        parse_cuda_driver_probe("cuda_driver_version=0\n", "x"),
+        None
+    );
+    assert_eq!(parse_cuda_driver_probe("garbage\n", "x"), None);
+    let smi = "+---------------------------------------------------------------------------------------+\n| NVIDIA-SMI 580.65.06              Driver Version: 580.65.06      CUDA Version: 13.0     |\n";
+    assert_eq!(parse_smi_cuda_version(smi), Some(13000));
+    assert_eq!(
+        parse_smi_cuda_version("CUDA Version                              : 13.4\n"),
+        Some(13040)
+    );
+    assert_eq!(parse_smi_cuda_version("Driver Version: 1\n"), None);
+    assert_eq!(detect::cuda_version_str(12080), "12.8");
+}
+
+#[test]
+fn cases_on_a_cuda_13_4_driver_run_custom_storage_on_and_off() {
+    let m = Machine::new(Some(1));
+    let d = detect::detect(&m.probe(&[CRIU_OK, CUDA_13_4]));
+    let c = d.cuda.as_ref().unwrap();
+    assert_eq!((c.version, c.operation_complete), (13040, Some(true)));
+    assert!(d.render().contains("cuda       ok    13.4 (13040; custom storage, cuCheckpointOperationComplete resolves; libcuda.so.1)"), "{}", d.render());
+    let cases = runner::cases(&d, workloads::ALL, Backend::DriverApi, BOTH);
+    assert_eq!(cases.len(), 2 * workloads::ALL.len());
+    let names: Vec<String> = cases.iter().take(2).map(runner::Case::name).collect();
+    assert_eq!(
+        names,
+        ["cuda00[custom-storage=on]", "cuda00[custom-storage=off]"]
+    );
+    for c in &cases {
+        if c.workload.name == "cuda_multigpu00" {
+            assert_eq!(c.skip.as_deref(), Some("needs 2 GPUs, this machine has 1"));
+        } else {
+            assert_eq!(c.skip, None, "{}", c.name());
+        }
+    }
+    // Only the flag's settings; none: the option is not passed at all.
+    let on = runner::cases(
+        &d,
+        &workloads::ALL[..1],
+        Backend::Auto,
+        &[CustomStorage::On],
+    );
+    assert_eq!((on.len(), on[0].skip.clone()), (1, None));
+    let plain = runner::cases(&d, &workloads::ALL[..1], Backend::DriverApi, &[]);
+    assert_eq!(
+        (plain[0].name(), plain[0].custom_storage),
+        ("cuda00".to_owned(), None)
+    );
+    // cuda-checkpoint has no custom storage: the on case is skipped with why.
+    let cc = runner::cases(&d, &workloads::ALL[..1], Backend::CudaCheckpoint, BOTH);
+    assert_eq!(
+        cc[0].skip.as_deref(),
+        Some("custom storage needs the driver-api backend; cuda-checkpoint has none")
+    );
+    assert_eq!(cc[1].skip, None);
+}
+
+#[test]
+fn cases_on_a_cuda_13_0_driver_skip_custom_storage_on_with_the_reason() {
+    let m = Machine::new(Some(1));
+    let d = detect::detect(&m.probe(&[CRIU_OK, CUDA_13_0]));
+    assert!(
+        d.render()
+            .contains("cuda       ok    13.0 (13000; no custom storage; libcuda.so.1)"),
+        "{}",
+        d.render()
+    );
+    let cases = runner::cases(&d, &workloads::ALL[..2], Backend::DriverApi, BOTH);
+    let got: Vec<(String, Option<String>)> =
+        cases.iter().map(|c| (c.name(), c.skip.clone())).collect();
+    let reason = Some("custom storage needs a CUDA 13.4 driver; this one reports 13.0".to_owned());
+    assert_eq!(
+        got,
+        [
+            ("cuda00[custom-storage=on]".to_owned(), reason.clone()),
+            ("cuda00[custom-storage=off]".to_owned(), None),
+            ("cuda_streams00[custom-storage=on]".to_owned(), reason),
+            ("cuda_streams00[custom-storage=off]".to_owned(), None),
+        ]
+    );
+    // A 13.4 driver whose cuGetProcAddress does not find cuCheckpointOperationComplete.
+    let odd = detect::detect(&m.probe(&[
+        CRIU_OK,
+        (
+            "zdtm-cuda cuda-driver",
+            "cuda_driver_version=13040\ncheckpoint_operation_complete=no\n",
+        ),
+    ]));
+    let r = odd.custom_storage_skip(Backend::DriverApi).unwrap();
+    assert!(r.contains("does not resolve"), "{r}");
+    // A workload that cannot run at all keeps its own reason in both cases.
+    let cases = runner::cases(
+        &d,
+        &[*workloads::find("cuda_multigpu00").unwrap()],
+        Backend::DriverApi,
+        BOTH,
+    );
+    assert!(cases
+        .iter()
+        .all(|c| c.skip.as_deref() == Some("needs 2 GPUs, this machine has 1")));
+}
+
+#[test]
+fn an_unknown_cuda_version_skips_custom_storage_on_and_nvidia_smi_is_asked_next() {
+    let m = Machine::new(Some(1));
+    let d = detect::detect(&m.probe(&[CRIU_OK]));
+    let why = d.custom_storage_skip(Backend::DriverApi).unwrap();
+    assert!(why.starts_with("custom storage needs a CUDA 13.4 driver; CUDA version unknown: libcuda.so.1 could not be asked"), "{why}");
+    let cases = runner::cases(&d, &workloads::ALL[..1], Backend::DriverApi, BOTH);
+    assert_eq!(cases[0].skip.as_deref(), Some(why.as_str()));
+    assert_eq!(cases[1].skip, None);
+    // The workloads themselves still run.
+    assert_eq!(d.skip_reason(&workloads::ALL[0]), None);
+
+    executable(&m.p("bin/nvidia-smi"));
+    let d = detect::detect(&m.probe(&[
+        CRIU_OK,
+        (
+            "nvidia-smi",
+            "| NVIDIA-SMI 590.10   Driver Version: 590.10   CUDA Version: 13.4 |\n",
+        ),
+    ]));
+    let c = d.cuda.as_ref().unwrap();
+    assert_eq!((c.version, c.operation_complete), (13040, None));
+    assert!(c.source.ends_with("nvidia-smi"));
+    assert_eq!(d.custom_storage_skip(Backend::DriverApi), None);
 }

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use zdtm_cuda::plugin_log::{self, HookTiming, Phases};
-use zdtm_cuda::report::{self, gbps, Cycle, Outcome, TestResult};
-use zdtm_cuda::runner::{self, parse_status, verdict, Backend, Exit, RunConfig};
+use zdtm_cuda::report::{self, gbps, CsFiles, Cycle, Outcome, TestResult};
+use zdtm_cuda::runner::{self, parse_status, verdict, Backend, CustomStorage, Exit, RunConfig};
 
 const DUMP_LOG: &str = "\
 (00.000812) cuda_plugin: init(DUMP): backend driver-api
@@ -124,6 +124,7 @@ fn cfg() -> RunConfig {
         mib: None,
         timeout: Duration::from_secs(1),
         env: Vec::new(),
+        custom_storage: None,
     }
 }
 
@@ -162,16 +163,64 @@ fn criu_command_lines() {
     ));
 }
 
+#[test]
+fn custom_storage_reaches_dump_and_restore() {
+    let mut c = cfg();
+    let (img, logs) = (PathBuf::from("/w/img-1"), PathBuf::from("/w"));
+    for (cs, opt) in [
+        (CustomStorage::On, "cuda_plugin.custom-storage=on"),
+        (CustomStorage::Off, "cuda_plugin.custom-storage=off"),
+    ] {
+        c.custom_storage = Some(cs);
+        for restore in [false, true] {
+            assert_eq!(runner::plugin_options(&c, restore)[1], opt);
+        }
+        c.cli_options = true;
+        assert!(words(runner::dump_args(&c, 42, &img, &logs, "d.log"))
+            .contains(&format!("--plugin-option {opt}")));
+        assert!(words(runner::restore_args(&c, &img, &logs, "r.log"))
+            .contains(&format!("--plugin-option {opt}")));
+        c.cli_options = false;
+    }
+    c.custom_storage = None;
+    assert!(!runner::plugin_options(&c, true)
+        .iter()
+        .any(|o| o.contains("custom-storage")));
+}
+
+#[test]
+fn plugin_custom_storage_lines_and_files() {
+    let log = "(00.001) cuda_plugin: init(DUMP): backend driver-api\n(00.002) cuda_plugin: custom storage: on (dump 0011): GPU memory goes straight to cuda-cs-*.img\n";
+    assert_eq!(
+        runner::custom_storage_lines(log),
+        ["custom storage: on (dump 0011): GPU memory goes straight to cuda-cs-*.img"]
+    );
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("cuda-cs-42-0.img"), [0u8; 8192]).unwrap();
+    std::fs::write(d.path().join("cuda-cs-42-1.img"), [0u8; 4096]).unwrap();
+    std::fs::write(d.path().join("pages-1.img"), [0u8; 100]).unwrap();
+    assert_eq!(
+        runner::cs_files(d.path()),
+        CsFiles {
+            files: 2,
+            bytes: 12288
+        }
+    );
+    assert_eq!(runner::cs_files(&d.path().join("none")), CsFiles::default());
+}
+
 fn results() -> Vec<TestResult> {
     let cycle = |dump_ms: u64, restore_ms: u64| Cycle {
         criu_dump: Some(Duration::from_millis(dump_ms)),
         criu_restore: Some(Duration::from_millis(restore_ms)),
         phases: Phases::from_logs(DUMP_LOG, RESTORE_LOG),
+        cs_files: None,
     };
     vec![
         TestResult {
             name: "cuda00".into(),
             backend: "driver-api".into(),
+            custom_storage: None,
             outcome: Outcome::Pass,
             device_bytes: Some(269_500_416),
             cycles: vec![cycle(900, 700), cycle(1100, 900)],
@@ -182,6 +231,7 @@ fn results() -> Vec<TestResult> {
         TestResult {
             name: "cuda_streams00".into(),
             backend: "driver-api".into(),
+            custom_storage: None,
             outcome: Outcome::Fail(
                 "after restore, round 0: stream 2: word 7 is 0x00000001, expected 0x00000002 <&>"
                     .into(),
@@ -193,8 +243,51 @@ fn results() -> Vec<TestResult> {
             notes: vec!["control \u{1} char".into()],
         },
         TestResult {
+            name: "cuda_graph00".into(),
+            backend: "driver-api".into(),
+            custom_storage: Some("on".into()),
+            outcome: Outcome::Pass,
+            device_bytes: Some(1_073_741_824),
+            cycles: vec![Cycle {
+                cs_files: Some(CsFiles {
+                    files: 1,
+                    bytes: 1_073_762_304,
+                }),
+                ..cycle(500, 400)
+            }],
+            elapsed: Duration::from_millis(1500),
+            log_dir: Some("/w/driver-api/custom-storage-on/cuda_graph00".into()),
+            notes: vec!["plugin (dump): custom storage: on (dump 00ff): GPU memory goes straight to cuda-cs-*.img".into()],
+        },
+        TestResult {
+            name: "cuda_graph00".into(),
+            backend: "driver-api".into(),
+            custom_storage: Some("off".into()),
+            outcome: Outcome::Pass,
+            device_bytes: Some(1_073_741_824),
+            cycles: vec![Cycle {
+                cs_files: Some(CsFiles::default()),
+                ..cycle(1000, 800)
+            }],
+            elapsed: Duration::from_millis(2500),
+            log_dir: Some("/w/driver-api/custom-storage-off/cuda_graph00".into()),
+            notes: Vec::new(),
+        },
+        TestResult {
+            name: "cuda_zerocopy00".into(),
+            backend: "driver-api".into(),
+            custom_storage: Some("on".into()),
+            outcome: Outcome::Skip("custom storage needs a CUDA 13.4 driver; this one reports 13.0".into()),
+            device_bytes: None,
+            cycles: Vec::new(),
+            elapsed: Duration::ZERO,
+            log_dir: None,
+            notes: Vec::new(),
+        },
+        TestResult {
             name: "cuda_multigpu00".into(),
             backend: "cuda-checkpoint".into(),
+            custom_storage: None,
             outcome: Outcome::Skip("needs 2 GPUs, this machine has 1".into()),
             device_bytes: None,
             cycles: Vec::new(),
@@ -220,7 +313,51 @@ fn junit_is_well_formed() {
     let x = report::junit(&results());
     check_xml(&x);
     check_xml(&report::junit(&[]));
-    assert!(x.contains("tests=\"3\" failures=\"1\" errors=\"0\" skipped=\"1\""));
+    assert!(x.contains("tests=\"6\" failures=\"1\" errors=\"0\" skipped=\"2\""));
+    for case in [
+        "name=\"cuda_graph00[custom-storage=on]\"",
+        "name=\"cuda_graph00[custom-storage=off]\"",
+        "<skipped message=\"custom storage needs a CUDA 13.4 driver; this one reports 13.0\"/>",
+        "<property name=\"cs_bytes\" value=\"1073762304\"/>",
+    ] {
+        assert!(x.contains(case), "{case} missing from\n{x}");
+    }
+}
+
+#[test]
+fn the_table_puts_custom_storage_on_and_off_side_by_side() {
+    let t = report::table(&results());
+    assert!(
+        t.contains("SKIP cuda_zerocopy00[custom-storage=on] (driver-api): custom storage needs a CUDA 13.4 driver; this one reports 13.0"),
+        "{t}"
+    );
+    let row = t
+        .lines()
+        .find(|l| l.starts_with("cuda_graph00 ") && l.contains("driver-api"))
+        .unwrap_or_else(|| panic!("no side-by-side row in\n{t}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    // TEST BACKEND ON OFF DEV CS-FILES CS-MiB DUMP(on off) GB/s(on off) RESTORE(on off) GB/s(on off)
+    assert_eq!(
+        cols,
+        [
+            "cuda_graph00",
+            "driver-api",
+            "PASS",
+            "PASS",
+            "1024.0",
+            "1",
+            "1024.0",
+            "500",
+            "1000",
+            "2.15",
+            "1.07",
+            "400",
+            "800",
+            "2.68",
+            "1.34"
+        ]
+    );
+    assert_eq!(report::custom_storage_table(&results()[..2]), "");
 }
 
 /// A small well-formedness check: one root, balanced tags, quoted attributes, only the five
