@@ -20,6 +20,12 @@ use std::time::Instant;
 /// buffers stay within 256 MiB of pinned memory.
 pub const CHUNK: u32 = 16 << 20;
 
+/// `e`'s message with the files named as in the image directory (the copier reaches that
+/// directory as `/proc/self/fd/N`, which says nothing to whoever reads CRIU's log).
+fn named(dir: &Path, e: &pipeline::CsError) -> String {
+    e.to_string().replace(&format!("{}/", dir.display()), "")
+}
+
 /// The driver, loaded and with every GPU's primary context retained, once per copier.
 struct Copier {
     api: CsApi,
@@ -182,7 +188,7 @@ fn checkpoint(
                         bufs,
                     };
                     let mut file =
-                        pipeline::open_for_dump(path, name).map_err(|e| e.to_string())?;
+                        pipeline::open_for_dump(path, name).map_err(|e| named(path, &e))?;
                     let id = Identity {
                         dump_id: job.dump_id,
                         pid: job.key,
@@ -196,7 +202,7 @@ fn checkpoint(
                         &id,
                         &pipeline::DumpOptions { chunk },
                     )
-                    .map_err(|e| format!("{uuid}: {e}"))?;
+                    .map_err(|e| format!("{uuid}: {}", named(path, &e)))?;
                     Ok(CustomGpu {
                         uuid: uuid.0,
                         bytes: entry.size,
@@ -238,7 +244,8 @@ fn restore(c: &Copier, job: &CustomJob, path: &Path) -> Result<Vec<CustomGpu>, S
     let mut files: Vec<(ImageFile, Expected)> = Vec::with_capacity(job.files.len());
     for (n, (uuid, size)) in job.files.iter().enumerate() {
         let name = file_name(job.key, u32::try_from(n).unwrap_or(u32::MAX));
-        let mut file = pipeline::open_for_restore(&path.join(&name)).map_err(|e| e.to_string())?;
+        let mut file =
+            pipeline::open_for_restore(&path.join(&name)).map_err(|e| named(path, &e))?;
         let expected = Expected {
             dump_id: job.dump_id,
             pid: job.key,
@@ -246,7 +253,7 @@ fn restore(c: &Copier, job: &CustomJob, path: &Path) -> Result<Vec<CustomGpu>, S
             place: u32::try_from(n).unwrap_or(u32::MAX),
             size: *size,
         };
-        pipeline::verify_file(&mut file, &expected).map_err(|e| e.to_string())?;
+        pipeline::verify_file(&mut file, &expected).map_err(|e| named(path, &e))?;
         files.push((file, expected));
     }
     let pairs: Vec<abi::CUcheckpointGpuPair> = job
@@ -323,7 +330,7 @@ fn restore(c: &Copier, job: &CustomJob, path: &Path) -> Result<Vec<CustomGpu>, S
                         &expected,
                         &pipeline::RestoreOptions::default(),
                     )
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| named(path, &e))?;
                     Ok(CustomGpu {
                         uuid: expected.uuid.0,
                         bytes: entry.size,
