@@ -261,6 +261,22 @@ fn drop_caches() {
     }
 }
 
+/// Removes a failed sample's image files (GiBs), keeping its logs.
+fn drop_images(img: &Path) {
+    for e in std::fs::read_dir(img).into_iter().flatten().flatten() {
+        let _ = std::fs::remove_file(e.path());
+    }
+}
+
+fn first_line(e: &str) -> String {
+    let tail: Vec<&str> = e
+        .lines()
+        .filter(|l| l.contains("Error") || l.contains("Warn"))
+        .take(2)
+        .collect();
+    format!("{} {}", e.lines().next().unwrap_or(""), tail.join(" / "))
+}
+
 fn syncfs(dir: &Path) -> R<f64> {
     let t = Instant::now();
     let st = Command::new("sync")
@@ -443,8 +459,11 @@ fn run_sample(o: &Opts, criu: &Path, job: &Job, keep: bool) -> R<Sample> {
         Ok(x) => x,
         Err(e) => {
             cleanup();
-            eprintln!("    kept {}", dir.keep().display());
-            let _ = wdir.keep();
+            drop_images(&img);
+            eprintln!(
+                "    kept {} (logs; the world and the images removed)",
+                dir.keep().display()
+            );
             return Err(e);
         }
     };
@@ -465,8 +484,11 @@ fn run_sample(o: &Opts, criu: &Path, job: &Job, keep: bool) -> R<Sample> {
         Ok(x) => x,
         Err(e) => {
             cleanup();
-            eprintln!("    kept {}", dir.keep().display());
-            let _ = wdir.keep();
+            drop_images(&img);
+            eprintln!(
+                "    kept {} (logs; the world and the images removed)",
+                dir.keep().display()
+            );
             return Err(e);
         }
     };
@@ -602,6 +624,8 @@ fn main() -> std::process::ExitCode {
         std::process::ExitCode::FAILURE
     };
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); real.len()];
+    // A failed sample (an OOM kill on a shared machine, say) is reported, not fatal.
+    let mut failures: Vec<String> = Vec::new();
     let mut dds: Vec<(f64, f64)> = Vec::new();
     let dd_mib = (o.gib * 1024.0).round() as u64;
     for round in 0..o.rounds {
@@ -634,44 +658,18 @@ fn main() -> std::process::ExitCode {
                     );
                     samples[i].push(s);
                 }
-                Err(e) => return fail(&real[i].name(), e),
-            }
-        }
-    }
-    let mut virt = Vec::new();
-    if o.virtual_tasks > 0 {
-        for custom in [false, true] {
-            virt.push(Job {
-                custom,
-                tasks: o.virtual_tasks,
-                gib: o.virtual_gib,
-                real: false,
-                scale: o.virtual_scale,
-                fill: "set".into(),
-                options: o.options.clone(),
-            });
-        }
-    }
-    let mut vsamples: Vec<Vec<Sample>> = vec![Vec::new(); virt.len()];
-    for round in 0..o.virtual_rounds {
-        for k in 0..virt.len() {
-            let i = (k + round) % virt.len();
-            match run_sample(&o, &criu, &virt[i], keep) {
-                Ok(s) => {
-                    eprintln!(
-                        "virtual round {}: {}: dump {:.0} ms, restore {:.0} ms",
+                Err(e) => {
+                    eprintln!("round {}: {}: FAILED: {e}", round + 1, real[i].name());
+                    failures.push(format!(
+                        "round {}: {}: {}",
                         round + 1,
-                        virt[i].name(),
-                        s.dump_ms,
-                        s.restore_ms
-                    );
-                    vsamples[i].push(s);
+                        real[i].name(),
+                        first_line(&e)
+                    ));
                 }
-                Err(e) => return fail(&virt[i].name(), e),
             }
         }
     }
-
     // Tables.
     let m = |s: &[Sample], f: &dyn Fn(&Sample) -> f64| median(s.iter().map(f).collect());
     let dd_w = median(dds.iter().map(|d| d.0).collect());
@@ -700,12 +698,12 @@ fn main() -> std::process::ExitCode {
             m(s, &|s| mib(s.other_bytes as f64)),
         ));
     }
-    t.push_str("\n### Real allocations: custom storage ÷ host staging (medians of per-round ratios)\n\n| tasks | dump | dump+syncfs | restore | dump+restore | peak GPU bytes staged in the tasks (RssAnon peak − before) | image bytes |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    t.push_str("\n### Real allocations: custom storage ÷ host staging (ratios of the medians)\n\n| tasks | dump | dump+syncfs | restore | dump+restore | peak GPU bytes staged in the tasks (RssAnon peak − before) | image bytes |\n|---:|---:|---:|---:|---:|---:|---:|\n");
     for pair in real.chunks(3).zip(samples.chunks(3)) {
         let (jobs, ss) = pair;
         let (h, c) = (&ss[0], &ss[1]);
         let ratio = |f: &dyn Fn(&Sample) -> f64| {
-            median(h.iter().zip(c).map(|(h, c)| f(c) / f(h)).collect())
+            median(c.iter().map(f).collect()) / median(h.iter().map(f).collect())
         };
         let staged = |s: &Sample| s.anon_peak.saturating_sub(s.anon_before) as f64 / 1024.0;
         t.push_str(&format!(
@@ -743,6 +741,58 @@ fn main() -> std::process::ExitCode {
             if direct { "yes" } else { "no" },
         ));
     }
+    // The real part's tables now: the virtual part can take minutes.
+    print!("{t}");
+    if let Some(out) = &o.out {
+        let _ = std::fs::write(out, &t);
+    }
+    let real_len = t.len();
+    let mut virt = Vec::new();
+    if o.virtual_tasks > 0 {
+        for custom in [false, true] {
+            virt.push(Job {
+                custom,
+                tasks: o.virtual_tasks,
+                gib: o.virtual_gib,
+                real: false,
+                scale: o.virtual_scale,
+                fill: "set".into(),
+                options: o.options.clone(),
+            });
+        }
+    }
+    let mut vsamples: Vec<Vec<Sample>> = vec![Vec::new(); virt.len()];
+    for round in 0..o.virtual_rounds {
+        for k in 0..virt.len() {
+            let i = (k + round) % virt.len();
+            match run_sample(&o, &criu, &virt[i], keep) {
+                Ok(s) => {
+                    eprintln!(
+                        "virtual round {}: {}: dump {:.0} ms, restore {:.0} ms",
+                        round + 1,
+                        virt[i].name(),
+                        s.dump_ms,
+                        s.restore_ms
+                    );
+                    vsamples[i].push(s);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "virtual round {}: {}: FAILED: {e}",
+                        round + 1,
+                        virt[i].name()
+                    );
+                    failures.push(format!(
+                        "virtual round {}: {}: {}",
+                        round + 1,
+                        virt[i].name(),
+                        first_line(&e)
+                    ));
+                }
+            }
+        }
+    }
+
     if !virt.is_empty() {
         t.push_str(&format!(
             "\n### Virtual allocations under the time model: {} tasks × {} GiB on {} GPUs, time_scale {}\n\nModelled copy: each way, at time_scale 1, every task at once. Wall times are measured at time_scale {} (what the model makes them, plus the plugin, the mock and CRIU).\n\n| configuration | modelled copy s (each way) | dump ms | restore ms | dump+restore ms | images MiB |\n|---|---:|---:|---:|---:|---:|\n",
@@ -772,7 +822,22 @@ fn main() -> std::process::ExitCode {
             ));
         }
     }
-    print!("{t}");
+    t.push_str(&format!(
+        "\nSamples: {} per real configuration ({}), {} per virtual one; failed samples: {}\n",
+        o.rounds,
+        samples
+            .iter()
+            .map(|s| s.len().to_string())
+            .collect::<Vec<_>>()
+            .join("/"),
+        o.virtual_rounds,
+        if failures.is_empty() {
+            "none".to_owned()
+        } else {
+            failures.join("; ")
+        }
+    ));
+    print!("{}", &t[real_len..]);
     if let Some(out) = &o.out {
         if let Err(e) = std::fs::write(out, &t) {
             return fail(&out.display().to_string(), e.to_string());
