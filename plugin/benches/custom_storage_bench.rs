@@ -423,12 +423,14 @@ fn run_sample(o: &Opts, criu: &Path, job: &Job, keep: bool) -> R<Sample> {
     };
     let imgs = img.display().to_string();
     let root_s = root_pid.to_string();
-    let mut s = Sample::default();
-    s.anon_before = pids
-        .iter()
-        .filter_map(|&p| mem_of(p))
-        .map(|m| m.rss_anon)
-        .sum();
+    let mut s = Sample {
+        anon_before: pids
+            .iter()
+            .filter_map(|&p| mem_of(p))
+            .map(|m| m.rss_anon)
+            .sum(),
+        ..Sample::default()
+    };
     if !o.keep_caches {
         drop_caches();
     }
