@@ -12,6 +12,13 @@
 # Output: tables on stdout, <target-dir>/bench/criu_bench.{md,csv,json}, docs/performance.svg.
 # Extra options go to the benchmark, e.g. `--criu /usr/sbin/criu`, `--sizes 1,8,32,64`,
 # `--no-emulated`, `--no-scenarios`, `--no-svg` (see plugin/benches/criu_bench/main.rs).
+#
+# CRIU_CUDA_BENCH=custom-storage runs instead the custom-storage benchmark of docs/performance.md
+# ("Custom storage against host staging"): host staging against custom storage, side by side,
+# with real GiB-sized allocations and a virtual 8 x 80 GiB job (plugin/benches/
+# custom_storage_bench.rs); tables on stdout and in <target-dir>/bench/custom_storage_bench.md.
+#
+#   CRIU_CUDA_BENCH=custom-storage bash scripts/bench.sh [ROUNDS] [custom_storage_bench options...]
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -31,4 +38,11 @@ if [ "${CRIU_CUDA_SKIP_FETCH:-0}" != 1 ]; then
 fi
 
 cargo build --release -p cuda-plugin -p mock-libcuda -p fake-cuda-checkpoint -p harness
+if [ "${CRIU_CUDA_BENCH:-criu}" = custom-storage ]; then
+    out="${CARGO_TARGET_DIR:-$repo/target}/bench"
+    mkdir -p "$out"
+    cargo bench -p cuda-plugin --bench custom_storage_bench -- --rounds "$rounds" \
+        --out "$out/custom_storage_bench.md" "$@"
+    exit
+fi
 cargo bench -p cuda-plugin --bench criu_bench -- --rounds "$rounds" "$@"

@@ -24,6 +24,13 @@
 //! virtual allocation (and what a real GPU checks in microseconds). Its background checks
 //! take one window and one probe at a time, in turn; SIGUSR1 and SIGTERM check them all.
 //!
+//! `--fill random|half-zero` (with `--gib`) writes every byte instead of one memset:
+//! pseudo-random bytes (a function of the allocation and the offset), or the first half zeros
+//! and the second half random, uploaded in 16 MiB pieces (the workload's own host memory stays
+//! small). The same windows and probes are checked, against those bytes. Only a real
+//! allocation (`[memory] real_mib` at least its size) stores them all; a virtual one refuses
+//! the upload.
+//!
 //! `--kernel-ms MS` keeps a "kernel" in flight: a thread calls `cuCtxSynchronize` in a loop,
 //! and the process's environment gets `MOCK_CUDA_KERNEL_MS=MS`, with which the mock driver
 //! keeps each of those calls inside its API gate for MS milliseconds (a lock waits for it). On
@@ -58,6 +65,10 @@ struct Args {
     /// GiB allocated on each GPU (a decimal): set with one memset, a pattern in 16 windows.
     #[arg(long, value_parser = parse_gib)]
     gib: Option<f64>,
+    /// What a `--gib` allocation holds: one memset value (`set`), every byte pseudo-random
+    /// (`random`), or the first half zeros and the second half random (`half-zero`).
+    #[arg(long, value_enum, default_value_t = Fill::Set, requires = "gib")]
+    fill: Fill,
     /// Keep a kernel of this many milliseconds in flight (see the module documentation).
     #[arg(long)]
     kernel_ms: Option<u64>,
@@ -117,6 +128,55 @@ fn fill(alloc: usize) -> u8 {
     0x5a ^ (alloc as u8).wrapping_mul(37)
 }
 
+/// The content of a `--gib` allocation (`--fill`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// One memset value, pattern in 16 windows.
+    Set,
+    /// Every byte pseudo-random.
+    Random,
+    /// The first half zeros, the second half pseudo-random.
+    HalfZero,
+}
+
+/// Bytes uploaded per call by a `random` or `half-zero` fill.
+const FILL_PIECE: u64 = 16 << 20;
+
+/// SplitMix64: the pseudo-random words of `--fill random`.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Byte `i` of allocation `alloc` (of `bytes`) under a `random` or `half-zero` fill.
+fn filled(fill: Fill, alloc: usize, bytes: u64, i: u64) -> u8 {
+    if fill == Fill::HalfZero && i < bytes / 2 {
+        return 0;
+    }
+    let word = splitmix64(((alloc as u64) << 56) ^ (i / 8));
+    (word >> ((i % 8) * 8)) as u8
+}
+
+/// Bytes `off..off + len` of allocation `alloc` under a `random` or `half-zero` fill (a word at
+/// a time; the same bytes as [`filled`]).
+fn filled_range(fill: Fill, alloc: usize, bytes: u64, off: u64, len: u64) -> Vec<u8> {
+    let first = off / 8;
+    let last = (off + len).div_ceil(8);
+    let mut out = Vec::with_capacity(((last - first) * 8) as usize);
+    for w in first..last {
+        out.extend_from_slice(&splitmix64(((alloc as u64) << 56) ^ w).to_le_bytes());
+    }
+    let skip = (off - first * 8) as usize;
+    let mut out = out[skip..skip + len as usize].to_vec();
+    if fill == Fill::HalfZero {
+        let zeros = (bytes / 2).saturating_sub(off).min(len) as usize;
+        out[..zeros].fill(0);
+    }
+    out
+}
+
 /// What a workload writes into each allocation and checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Layout {
@@ -124,6 +184,8 @@ enum Layout {
     Whole,
     /// A memset of the whole allocation, then pattern windows.
     Windows,
+    /// Every byte written by a `random` or `half-zero` fill; windows and probes checked.
+    Filled(Fill),
 }
 
 /// A range of an allocation: (offset, length).
@@ -175,8 +237,10 @@ impl Workload {
                 // Too small for 16 windows with room between them: write it whole.
                 if bytes < 2 * WINDOWS * WINDOW {
                     (bytes, Layout::Whole)
-                } else {
+                } else if args.fill == Fill::Set {
                     (bytes, Layout::Windows)
+                } else {
+                    (bytes, Layout::Filled(args.fill))
                 }
             }
             None => (args.kib as u64 * 1024, Layout::Whole),
@@ -197,6 +261,12 @@ impl Workload {
                     for (off, len) in windows(bytes).0 {
                         let data: Vec<u8> = (off..off + len).map(|i| pattern(k, i)).collect();
                         driver.upload(dptr + off, &data)?;
+                    }
+                }
+                Layout::Filled(f) => {
+                    for off in (0..bytes).step_by(FILL_PIECE as usize) {
+                        let len = FILL_PIECE.min(bytes - off);
+                        driver.upload(dptr + off, &filled_range(f, k, bytes, off, len))?;
                     }
                 }
             }
@@ -251,6 +321,15 @@ impl Workload {
                     for (j, p) in probes.into_iter().enumerate() {
                         if wanted(j, np) {
                             self.check(k, dptr, p, |_| fill(k))?;
+                        }
+                    }
+                }
+                Layout::Filled(f) => {
+                    let (wins, probes) = windows(self.bytes);
+                    let n = wins.len() + probes.len();
+                    for (j, w) in wins.into_iter().chain(probes).enumerate() {
+                        if round.is_none_or(|r| j as u64 == r % n as u64) {
+                            self.check(k, dptr, w, |i| filled(f, k, self.bytes, i))?;
                         }
                     }
                 }
@@ -327,7 +406,10 @@ fn run(args: &Args, pid: u32) -> Result<()> {
                         .join(","),
                 );
                 match args.gib {
-                    Some(g) => cmd.arg("--gib").arg(g.to_string()),
+                    Some(g) => cmd.arg("--gib").arg(g.to_string()).arg("--fill").arg(
+                        clap::ValueEnum::to_possible_value(&args.fill)
+                            .map_or_else(|| "set".to_owned(), |v| v.get_name().to_owned()),
+                    ),
                     None => cmd.arg("--kib").arg(args.kib.to_string()),
                 };
                 cmd.arg("--threads").arg(args.threads.to_string());
@@ -448,6 +530,54 @@ mod tests {
                 "{bytes}: a probe in every gap"
             );
         }
+    }
+
+    #[test]
+    fn fills_write_the_bytes_they_check() {
+        let bytes = 1 << 20;
+        for f in [Fill::Random, Fill::HalfZero] {
+            for k in [0, 3] {
+                for (off, len) in [(0, 4096), (bytes / 2 - 5, 13), (12345, 999), (bytes - 7, 7)] {
+                    let r = filled_range(f, k, bytes, off, len);
+                    assert_eq!(r.len() as u64, len);
+                    for (j, b) in r.iter().enumerate() {
+                        assert_eq!(
+                            *b,
+                            filled(f, k, bytes, off + j as u64),
+                            "{f:?} {k} {off}+{j}"
+                        );
+                    }
+                }
+            }
+        }
+        let half = filled_range(Fill::HalfZero, 0, bytes, 0, bytes);
+        assert!(half[..(bytes / 2) as usize].iter().all(|&b| b == 0));
+        let upper = &half[(bytes / 2) as usize..];
+        let zeros = upper.iter().filter(|&&b| b == 0).count();
+        assert!(
+            zeros < upper.len() / 128,
+            "the random half is random: {zeros} zeros"
+        );
+        assert_eq!(
+            upper,
+            &filled_range(Fill::Random, 0, bytes, bytes / 2, bytes / 2)[..]
+        );
+        assert_ne!(
+            filled_range(Fill::Random, 0, bytes, 0, 64),
+            filled_range(Fill::Random, 1, bytes, 0, 64),
+            "allocations differ"
+        );
+    }
+
+    #[test]
+    fn fill_needs_gib() {
+        assert!(Args::try_parse_from(["a", "--fill", "random"]).is_err());
+        let a = Args::try_parse_from(["a", "--gib", "1", "--fill", "half-zero"]).unwrap();
+        assert_eq!(a.fill, Fill::HalfZero);
+        assert_eq!(
+            Args::try_parse_from(["a", "--gib", "1"]).unwrap().fill,
+            Fill::Set
+        );
     }
 
     #[test]
