@@ -284,13 +284,18 @@ fn is_handshake(call: &str) -> bool {
 }
 
 /// A normalised plugin log line as the transcript records it: `None` for the per-hook timing
-/// lines (`waited N.N ms on …`, `done in N.N ms`), which say how long, not what; the plugin's
+/// lines (`waited N.N ms on …`, `done in N.N ms`) and the copier's per-GPU figures (`custom
+/// storage dump pid P gpu N: … in U us`), which say how long, not what; the plugin's
 /// version left out of its init line (a version bump changes no behaviour); an exit line
 /// without its duration.
 pub(super) fn plugin_line(line: &str) -> Option<String> {
     let (_, rest) = line.split_once(": ").unwrap_or(("", line));
     let body = rest.split_once(": ").map_or(rest, |(_, b)| b);
     if body.starts_with("waited N.N ms on ") || body == "done in N.N ms" {
+        return None;
+    }
+    if rest.starts_with("custom storage dump pid ") || rest.starts_with("custom storage restore pid ")
+    {
         return None;
     }
     let mut out = line.to_owned();

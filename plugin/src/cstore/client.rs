@@ -282,10 +282,11 @@ impl CustomPath {
             };
             let r = match link.wait_since(id, what, deadline, started) {
                 Ok(Reply::Custom(Ok(gpus))) => {
-                    // The copier's own figures per GPU (scripts and benchmarks read the rate).
+                    // The copier's own figures per GPU (scripts and benchmarks read the rate;
+                    // the task's INFO line sums them up).
                     for (n, g) in gpus.iter().enumerate() {
                         crate::ffi::log::log(
-                            abi::criu::log_level::INFO,
+                            abi::criu::log_level::DEBUG,
                             &format!(
                                 "custom storage {} pid {pid} gpu {n}: {} bytes ({} data, {} fill) in {} us{}",
                                 if matches!(op, Op::Checkpoint) { "dump" } else { "restore" },
