@@ -124,12 +124,6 @@ impl Exec<'_> {
             // The integer part of a decimal (`1024.0 GiB`) is never a pid either.
             let decimal =
                 chars.get(j) == Some(&'.') && chars.get(j + 1).is_some_and(char::is_ascii_digit);
-            let glued = prev.is_some_and(|p| p.is_alphanumeric() || p == '.')
-                || hyphen_after_hex
-                || decimal
-                || chars
-                    .get(j)
-                    .is_some_and(|n| n.is_alphanumeric() || *n == '-');
             let before: String = chars[..i]
                 .iter()
                 .rev()
@@ -138,6 +132,13 @@ impl Exec<'_> {
                 .into_iter()
                 .rev()
                 .collect();
+            let glued = !cs_file_pid(&before, &chars[j..])
+                && (prev.is_some_and(|p| p.is_alphanumeric() || p == '.')
+                    || hyphen_after_hex
+                    || decimal
+                    || chars
+                        .get(j)
+                        .is_some_and(|n| n.is_alphanumeric() || *n == '-'));
             let lock_timeout = before.ends_with("timeoutMs=") || before.ends_with("--timeout ");
             // Values that are never pids, whatever pid the number happens to equal (pids wrap
             // at 32768 here: a version, a size or a status can be some step's pid).
@@ -185,6 +186,14 @@ impl Exec<'_> {
 
 /// `line` with every dump id (32 lowercase hex digits standing alone, which the custom-storage
 /// log lines and images carry: random per dump) as `<dump-id>`.
+/// Whether a number, after `before` and followed by `rest`, is the pid of a custom-storage file
+/// name, `cuda-cs-<pid>-<n>.img` (glued to its hyphens, yet a pid).
+fn cs_file_pid(before: &str, rest: &[char]) -> bool {
+    before.ends_with("cuda-cs-")
+        && rest.first() == Some(&'-')
+        && rest.get(1).is_some_and(char::is_ascii_digit)
+}
+
 fn dump_ids(line: &str) -> String {
     let b = line.as_bytes();
     let hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
@@ -467,6 +476,16 @@ fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pid_of_a_custom_storage_file_name_is_a_pid() {
+        let r = |s: &str| s.chars().collect::<Vec<char>>();
+        assert!(cs_file_pid("/fd/11/cuda-cs-", &r("-0.img: at byte 8192")));
+        assert!(cs_file_pid("cuda-cs-", &r("-12.img")));
+        assert!(!cs_file_pid("cuda-cs-", &r(".img")), "not the file name's form");
+        assert!(!cs_file_pid("cuda-cs-4-", &r(".img")), "the GPU place, not the pid");
+        assert!(!cs_file_pid("cuda-plugin-", &r("-0.img")));
+    }
 
     #[test]
     fn a_run_that_never_closed_sorts_the_same_whether_it_started_first_or_last() {
