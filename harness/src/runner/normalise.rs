@@ -45,7 +45,7 @@ impl Exec<'_> {
                 (pid, format!("{} {}", label(program), self.normalise(call)))
             })
             .collect();
-        let lines = copier_calls(lines);
+        let lines = state_polls(copier_calls(lines));
         if self.parallel_mode() {
             order_concurrent(lines, &self.cli_pids)
         } else {
@@ -240,6 +240,21 @@ fn copier_calls(lines: Vec<(i32, String)>) -> Vec<(i32, String)> {
         }
     }
     flush(&mut run, &mut out, pid);
+    out
+}
+
+/// A run of identical consecutive `cuCheckpointProcessGetState` lines (the plugin polling a
+/// task, e.g. the dump's rollback waiting for an aborted custom-storage operation to leave
+/// CHECKPOINTING) becomes one line: how many polls it took is timing.
+fn state_polls(lines: Vec<(i32, String)>) -> Vec<(i32, String)> {
+    let mut out: Vec<(i32, String)> = Vec::with_capacity(lines.len());
+    for (p, line) in lines {
+        let poll = line.contains(" cuCheckpointProcessGetState(");
+        if poll && out.last().is_some_and(|(_, l)| *l == line) {
+            continue;
+        }
+        out.push((p, line));
+    }
     out
 }
 
@@ -476,6 +491,35 @@ fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_state_polls_become_one_line() {
+        let l = |s: &str| (1, s.to_owned());
+        let poll = "guardian cuCheckpointProcessGetState(pid=root) = CUDA_SUCCESS";
+        let got = state_polls(vec![
+            l(poll),
+            l(poll),
+            l(poll),
+            l("guardian cuCheckpointProcessUnlock(pid=root) = CUDA_SUCCESS"),
+            l(poll),
+            l("guardian cuCheckpointProcessGetState(pid=g1) = CUDA_SUCCESS"),
+            l("guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS"),
+            l("guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS"),
+        ]);
+        let got: Vec<&str> = got.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                poll,
+                "guardian cuCheckpointProcessUnlock(pid=root) = CUDA_SUCCESS",
+                poll,
+                "guardian cuCheckpointProcessGetState(pid=g1) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS",
+            ],
+            "only identical consecutive GetState lines collapse"
+        );
+    }
 
     #[test]
     fn the_pid_of_a_custom_storage_file_name_is_a_pid() {
