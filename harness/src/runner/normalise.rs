@@ -45,7 +45,7 @@ impl Exec<'_> {
                 (pid, format!("{} {}", label(program), self.normalise(call)))
             })
             .collect();
-        let lines = copier_calls(lines);
+        let lines = state_polls(copier_calls(lines));
         if self.parallel_mode() {
             order_concurrent(lines, &self.cli_pids)
         } else {
@@ -124,12 +124,6 @@ impl Exec<'_> {
             // The integer part of a decimal (`1024.0 GiB`) is never a pid either.
             let decimal =
                 chars.get(j) == Some(&'.') && chars.get(j + 1).is_some_and(char::is_ascii_digit);
-            let glued = prev.is_some_and(|p| p.is_alphanumeric() || p == '.')
-                || hyphen_after_hex
-                || decimal
-                || chars
-                    .get(j)
-                    .is_some_and(|n| n.is_alphanumeric() || *n == '-');
             let before: String = chars[..i]
                 .iter()
                 .rev()
@@ -138,6 +132,13 @@ impl Exec<'_> {
                 .into_iter()
                 .rev()
                 .collect();
+            let glued = !cs_file_pid(&before, &chars[j..])
+                && (prev.is_some_and(|p| p.is_alphanumeric() || p == '.')
+                    || hyphen_after_hex
+                    || decimal
+                    || chars
+                        .get(j)
+                        .is_some_and(|n| n.is_alphanumeric() || *n == '-'));
             let lock_timeout = before.ends_with("timeoutMs=") || before.ends_with("--timeout ");
             // Values that are never pids, whatever pid the number happens to equal (pids wrap
             // at 32768 here: a version, a size or a status can be some step's pid).
@@ -185,6 +186,14 @@ impl Exec<'_> {
 
 /// `line` with every dump id (32 lowercase hex digits standing alone, which the custom-storage
 /// log lines and images carry: random per dump) as `<dump-id>`.
+/// Whether a number, after `before` and followed by `rest`, is the pid of a custom-storage file
+/// name, `cuda-cs-<pid>-<n>.img` (glued to its hyphens, yet a pid).
+fn cs_file_pid(before: &str, rest: &[char]) -> bool {
+    before.ends_with("cuda-cs-")
+        && rest.first() == Some(&'-')
+        && rest.get(1).is_some_and(char::is_ascii_digit)
+}
+
 fn dump_ids(line: &str) -> String {
     let b = line.as_bytes();
     let hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
@@ -231,6 +240,21 @@ fn copier_calls(lines: Vec<(i32, String)>) -> Vec<(i32, String)> {
         }
     }
     flush(&mut run, &mut out, pid);
+    out
+}
+
+/// A run of identical consecutive `cuCheckpointProcessGetState` lines (the plugin polling a
+/// task, e.g. the dump's rollback waiting for an aborted custom-storage operation to leave
+/// CHECKPOINTING) becomes one line: how many polls it took is timing.
+fn state_polls(lines: Vec<(i32, String)>) -> Vec<(i32, String)> {
+    let mut out: Vec<(i32, String)> = Vec::with_capacity(lines.len());
+    for (p, line) in lines {
+        let poll = line.contains(" cuCheckpointProcessGetState(");
+        if poll && out.last().is_some_and(|(_, l)| *l == line) {
+            continue;
+        }
+        out.push((p, line));
+    }
     out
 }
 
@@ -472,6 +496,45 @@ fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_state_polls_become_one_line() {
+        let l = |s: &str| (1, s.to_owned());
+        let poll = "guardian cuCheckpointProcessGetState(pid=root) = CUDA_SUCCESS";
+        let got = state_polls(vec![
+            l(poll),
+            l(poll),
+            l(poll),
+            l("guardian cuCheckpointProcessUnlock(pid=root) = CUDA_SUCCESS"),
+            l(poll),
+            l("guardian cuCheckpointProcessGetState(pid=g1) = CUDA_SUCCESS"),
+            l("guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS"),
+            l("guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS"),
+        ]);
+        let got: Vec<&str> = got.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                poll,
+                "guardian cuCheckpointProcessUnlock(pid=root) = CUDA_SUCCESS",
+                poll,
+                "guardian cuCheckpointProcessGetState(pid=g1) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS",
+                "guardian cuCheckpointProcessLock(pid=g1, timeoutMs=10) = CUDA_SUCCESS",
+            ],
+            "only identical consecutive GetState lines collapse"
+        );
+    }
+
+    #[test]
+    fn the_pid_of_a_custom_storage_file_name_is_a_pid() {
+        let r = |s: &str| s.chars().collect::<Vec<char>>();
+        assert!(cs_file_pid("/fd/11/cuda-cs-", &r("-0.img: at byte 8192")));
+        assert!(cs_file_pid("cuda-cs-", &r("-12.img")));
+        assert!(!cs_file_pid("cuda-cs-", &r(".img")), "not the file name's form");
+        assert!(!cs_file_pid("cuda-cs-4-", &r(".img")), "the GPU place, not the pid");
+        assert!(!cs_file_pid("cuda-plugin-", &r("-0.img")));
+    }
 
     #[test]
     fn a_run_that_never_closed_sorts_the_same_whether_it_started_first_or_last() {

@@ -145,10 +145,13 @@ impl Exec<'_> {
                 })?;
                 // The plugin's task images and task list hold pids, which differ from run to
                 // run: their sizes and bytes are left out.
-                let per_task = step
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.contains('{') || n.starts_with("cuda-plugin-"));
+                // So are custom-storage files (a dump id, CRCs), and any copy of one of these.
+                let per_task = [step.name.as_deref(), step.from.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|n| {
+                        n.contains('{') || n.starts_with("cuda-plugin-") || n.starts_with("cuda-cs-")
+                    });
                 let size = |b: &Option<Vec<u8>>, gone: &str| match b {
                     None => gone.to_owned(),
                     Some(_) if per_task => "present".to_owned(),
