@@ -638,11 +638,14 @@ impl WorldConfig {
                     f.function
                 )));
             }
+            // A custom-storage copy is made for the task whose memory its range maps.
             let targeted = f.function.starts_with("cuCheckpointProcess")
-                || f.function.starts_with("cuda-checkpoint");
+                || f.function.starts_with("cuda-checkpoint")
+                || f.function.starts_with("cuMemcpyDtoHAsync")
+                || f.function.starts_with("cuMemcpyHtoDAsync");
             if f.pid.is_some() && !targeted {
                 return Err(bad(format!(
-                    "fault {i} ({}): pid only applies to calls that target a process (cuCheckpointProcess*, cuda-checkpoint)",
+                    "fault {i} ({}): pid only applies to calls that target a process (cuCheckpointProcess*, cuda-checkpoint, and a custom-storage copy's cuMemcpy*Async)",
                     f.function
                 )));
             }

@@ -373,6 +373,24 @@ fn locate(dptr: u64, len: u64) -> R<(u64, GpuUuid, Vec<Segment>, u64)> {
     Err(CUresult::ERROR_INVALID_VALUE)
 }
 
+/// The process whose memory the custom-storage range at `dptr` maps (its pid as the caller
+/// named it); `None` for any other address.
+#[must_use]
+pub fn target_pid(dptr: u64) -> Option<i32> {
+    if !is_custom(dptr) {
+        return None;
+    }
+    let guard = ops();
+    let m = guard.as_ref()?;
+    m.values()
+        .find(|op| {
+            op.devices
+                .iter()
+                .any(|d| dptr >= d.base && dptr - d.base < (1 << RANGE_SHIFT))
+        })
+        .map(|op| op.target.pid)
+}
+
 /// Serialises read-modify-write cycles of the target's virtual allocations in this process.
 static SPARSE_IO: Mutex<()> = Mutex::new(());
 

@@ -319,8 +319,19 @@ fn data_call<T>(
     args: &dyn Fn() -> String,
     op: impl FnOnce() -> R<T>,
 ) -> R<T> {
+    data_call_for(w, function, None, args, op)
+}
+
+/// [`data_call`] on behalf of `target` (a fault naming a pid fires only for its calls).
+fn data_call_for<T>(
+    w: &World,
+    function: &str,
+    target: Option<i32>,
+    args: &dyn Fn() -> String,
+    op: impl FnOnce() -> R<T>,
+) -> R<T> {
     if w.config().trace_data_path || !w.config().faults.is_empty() {
-        call(w, function, None, args, op)
+        call(w, function, target, args, op)
     } else {
         op()
     }
@@ -335,9 +346,21 @@ fn gated<T>(
     args: &dyn Fn() -> String,
     op: impl FnOnce() -> R<T>,
 ) -> R<T> {
+    gated_for(w, function, None, args, op)
+}
+
+/// [`gated`] on behalf of `target`: a copy into or out of a custom-storage range is made for
+/// the process whose memory the range maps, and a fault naming that process fires for it.
+fn gated_for<T>(
+    w: &World,
+    function: &str,
+    target: Option<i32>,
+    args: &dyn Fn() -> String,
+    op: impl FnOnce() -> R<T>,
+) -> R<T> {
     let rt = target::runtime().ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
     let _in = rt.enter()?;
-    data_call(w, function, args, op)
+    data_call_for(w, function, target, args, op)
 }
 
 /// `cuCtxCreate` / `cuDevicePrimaryCtxRetain`: makes the process a CUDA process and sets the
@@ -676,9 +699,10 @@ pub fn memcpy_dtoh(dst: &mut [u8], dptr: u64) -> R<()> {
 /// synchronous copy.
 pub fn memcpy_htod_async(function: &str, dptr: u64, src: &[u8], stream: u64) -> R<()> {
     let w = world()?;
-    gated(
+    gated_for(
         &w,
         function,
+        custom::target_pid(dptr),
         &|| format!("dptr={dptr:#x}, bytes={}, stream={stream:#x}", src.len()),
         || {
             if custom::is_custom(dptr) {
@@ -694,9 +718,10 @@ pub fn memcpy_htod_async(function: &str, dptr: u64, src: &[u8], stream: u64) -> 
 pub fn memcpy_dtoh_async(function: &str, dst: &mut [u8], dptr: u64, stream: u64) -> R<()> {
     let w = world()?;
     let len = dst.len();
-    gated(
+    gated_for(
         &w,
         function,
+        custom::target_pid(dptr),
         &|| format!("dptr={dptr:#x}, bytes={len}, stream={stream:#x}"),
         || {
             if custom::is_custom(dptr) {

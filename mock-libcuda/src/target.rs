@@ -526,10 +526,17 @@ impl Runtime {
         entry.pid = host_pid_hint(&world);
         let _ = std::fs::create_dir_all(world.mailbox_dir(id));
         // The world may still hold the dead incarnation of a process restored twice from the
-        // same images (RUNNING or LOCKED): what this process holds wins. FAILED is kept.
+        // same images (RUNNING or LOCKED, or RESTORING when its custom-storage restore died
+        // with it): what this process holds wins. FAILED is kept.
         let _ = world.update(|st| {
             let stale = st.processes.get(&id).is_none_or(|e| {
-                matches!(e.state(), CUprocessState::RUNNING | CUprocessState::LOCKED)
+                matches!(
+                    e.state(),
+                    CUprocessState::RUNNING
+                        | CUprocessState::LOCKED
+                        | CUprocessState::RESTORING
+                        | CUprocessState::CHECKPOINTING
+                )
             });
             if stale {
                 st.processes.insert(id, entry);
