@@ -216,6 +216,40 @@ fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply) {
     crate::ffi::agent::syslog(false, &msg);
 }
 
+/// The copier's custom-storage jobs: how many run, and whether one has failed.
+#[derive(Default)]
+struct CustomJobs {
+    state: Mutex<(usize, bool)>,
+}
+
+impl CustomJobs {
+    /// Counts a job in; `false` (not counted) once a job has failed.
+    fn start(&self) -> bool {
+        let mut s = lock(&self.state);
+        if s.1 {
+            return false;
+        }
+        s.0 += 1;
+        true
+    }
+
+    /// Counts a job out (`started`: it was counted in); whether the copier is to end now: a
+    /// job has failed and none is left running.
+    fn finish(&self, started: bool, failed: bool) -> bool {
+        let mut s = lock(&self.state);
+        if started {
+            s.0 = s.0.saturating_sub(1);
+        }
+        s.1 |= failed;
+        s.1 && s.0 == 0
+    }
+}
+
+fn custom_jobs() -> &'static CustomJobs {
+    static JOBS: std::sync::OnceLock<CustomJobs> = std::sync::OnceLock::new();
+    JOBS.get_or_init(CustomJobs::default)
+}
+
 fn start_call(
     chan: &Arc<Channel>,
     inflight: &InFlight,
@@ -236,18 +270,34 @@ fn start_call(
         Arc::clone(given_up),
         Arc::clone(driver),
     );
+    let custom = matches!(call, Call::Custom(_));
     let work = move || {
-        let reply =
+        // A custom-storage job after an earlier one failed is not started: the copier is
+        // ending (see below) and must not open an operation its exit would abort halfway.
+        let refused = custom && !custom_jobs().start();
+        let reply = if refused {
+            Reply::Custom(Err(
+                "not started: an earlier job of this copier failed and it is ending".into(),
+            ))
+        } else {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&driver, call.clone())))
-                .unwrap_or(Reply::Panicked);
+                .unwrap_or(Reply::Panicked)
+        };
         if lock(&given_up).remove(&id) {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 undo_late_success(&driver, &call, &reply);
             }));
         }
         // A custom-storage job that failed leaves its operation open; the copier ends itself
-        // once the answer is out, and the driver aborts what it had open (see crate::cstore).
-        let abort = matches!(reply, Reply::Custom(Err(_)));
+        // once every answer is out, and the driver aborts what it had open (see
+        // crate::cstore). The other jobs in flight run to their end first: each then answers
+        // for itself (its task checkpointed with whole files, or restored), so what CRIU rolls
+        // back never depends on how far a killed job had got.
+        let abort = custom
+            && custom_jobs().finish(
+                !refused,
+                matches!(reply, Reply::Custom(Err(_)) | Reply::Panicked),
+            );
         let _ = chan.send(&proto::encode(&FromAgent::Reply { id, reply }), REPLY_LIMIT);
         lock(&inflight).remove(&id);
         if abort {

@@ -16,6 +16,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long CRIU waits for a copier it ended (or that ended itself after a failure) to exit.
+const COPIER_EXIT_WAIT: Duration = Duration::from_secs(2);
+
 /// Starts a copier process and connects to it.
 pub type Spawn = Box<dyn FnMut() -> Result<Link, String> + Send>;
 
@@ -32,6 +35,11 @@ pub struct CustomPath {
     recorded: BTreeMap<Pid, CustomRecord>,
     /// What each task's last operation moved, per GPU, for the log.
     moved: BTreeMap<Pid, Vec<CustomGpu>>,
+    /// Dump: tasks whose checkpoint was asked of a copier whose answer never came (it died,
+    /// or was ended, after another task's failure): the operation may have completed, the
+    /// task then CHECKPOINTED with its files whole (the copier completes only after every
+    /// file is written and synced). Restoring one reads its files' headers first.
+    unanswered: std::collections::BTreeSet<Pid>,
 }
 
 impl std::fmt::Debug for CustomPath {
@@ -66,6 +74,7 @@ impl CustomPath {
             written: BTreeMap::new(),
             recorded: BTreeMap::new(),
             moved: BTreeMap::new(),
+            unanswered: std::collections::BTreeSet::new(),
         }
     }
 
@@ -90,7 +99,39 @@ impl CustomPath {
     /// Whether `pid`'s GPU memory is in custom-storage files (restoring it reads them).
     #[must_use]
     pub fn holds(&self, pid: Pid) -> bool {
-        self.recorded.contains_key(&pid) || self.written.contains_key(&pid)
+        self.recorded.contains_key(&pid)
+            || self.written.contains_key(&pid)
+            || self.unanswered.contains(&pid)
+    }
+
+    /// The record of a task whose checkpoint went unanswered, from its files' headers (this
+    /// dump's id and the task's pid): `cuda-cs-<pid>-<n>.img` from n = 0 to the first that
+    /// is missing. `None` when there is no such file.
+    fn discover(&self, pid: Pid) -> Option<CustomRecord> {
+        use std::io::Read;
+        let dir = self.dir?;
+        let mut gpus = Vec::new();
+        for n in 0..u32::from(u16::MAX) {
+            let name = super::pipeline::file_name(pid, n);
+            let Ok(mut f) = std::fs::File::open(format!("/proc/self/fd/{dir}/{name}")) else {
+                break;
+            };
+            let mut block = [0u8; super::format::ALIGN];
+            if f.read_exact(&mut block).is_err() {
+                break;
+            }
+            match super::format::Header::decode(&block) {
+                Ok((h, _)) if h.dump_id == self.dump_id && h.pid == pid && h.place == n => {
+                    gpus.push((h.uuid, h.size));
+                }
+                _ => break,
+            }
+        }
+        (!gpus.is_empty()).then(|| CustomRecord {
+            dump_id: self.dump_id,
+            file_pid: pid,
+            gpus,
+        })
     }
 
     fn copier(&mut self) -> Result<Arc<Link>, String> {
@@ -112,6 +153,12 @@ impl CustomPath {
             let pid = l.agent_pid();
             if l.gone().is_none() {
                 let _ = crate::ffi::agent::kill(pid, libc::SIGKILL);
+            }
+            // Until it has exited (its channel closes with it), so that what comes next (the
+            // rollback, a retried restore) finds its operations aborted.
+            let until = Instant::now() + COPIER_EXIT_WAIT;
+            while l.gone().is_none() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
     }
@@ -140,6 +187,9 @@ impl CustomPath {
         out.into_iter()
             .zip(jobs)
             .map(|((r, took), j)| {
+                if r.as_ref().err().is_some_and(unanswered) {
+                    self.unanswered.insert(j.pid);
+                }
                 let r = r.map(|gpus| {
                     self.moved.insert(j.pid, gpus.clone());
                     self.written.insert(
@@ -170,6 +220,11 @@ impl CustomPath {
         let mut calls = Vec::new();
         let mut missing = BTreeMap::new();
         for j in jobs {
+            if !self.recorded.contains_key(&j.pid) && !self.written.contains_key(&j.pid) {
+                if let Some(rec) = self.discover(j.pid) {
+                    self.written.insert(j.pid, rec);
+                }
+            }
             let rec = self
                 .recorded
                 .get(&j.pid)
@@ -266,7 +321,9 @@ impl CustomPath {
         let mut todo = calls.into_iter().enumerate();
         let mut failed = false;
         loop {
-            while flight.len() < width.max(1) {
+            // After a failure nothing more is started: the dump or restore fails anyway, and
+            // the copier ends once the jobs it has run their course.
+            while !failed && flight.len() < width.max(1) {
                 let Some((i, (pid, job))) = todo.next() else {
                     break;
                 };
@@ -322,12 +379,16 @@ impl CustomPath {
         if failed {
             self.end_copier();
             if op == Op::Checkpoint {
-                // The copier removes what a failed job wrote; one killed on its deadline (or
-                // that died) could not.
+                // The copier removes what a failed job wrote. A job whose answer never came
+                // (the copier died, or was killed on its deadline) may have completed: its
+                // files stay until the rollback has read them back (see `discover`).
                 let failed_pids: Vec<Pid> = out
                     .iter()
                     .zip(&pids)
-                    .filter(|(r, _)| r.as_ref().is_none_or(|(r, _)| r.is_err()))
+                    .filter(|(r, _)| {
+                        r.as_ref()
+                            .is_none_or(|(r, _)| r.as_ref().err().is_some_and(|e| !unanswered(e)))
+                    })
                     .map(|(_, p)| *p)
                     .collect();
                 for pid in failed_pids {
@@ -336,13 +397,15 @@ impl CustomPath {
             }
         }
         out.into_iter()
-            .map(|r| {
+            .zip(pids)
+            .map(|(r, pid)| {
                 r.unwrap_or_else(|| {
                     (
                         Err(BackendError::CustomStorage {
                             op,
-                            pid: 0,
-                            why: "never submitted".into(),
+                            pid,
+                            why: "not started: another task's custom-storage job failed first"
+                                .into(),
                         }),
                         Duration::ZERO,
                     )
@@ -350,6 +413,13 @@ impl CustomPath {
             })
             .collect()
     }
+}
+
+/// Whether `e` says the copier never answered (it died, or its deadline passed): the job may
+/// have completed all the same.
+fn unanswered(e: &BackendError) -> bool {
+    matches!(e, BackendError::CustomStorage { why, .. } if why.starts_with("the copier process is gone"))
+        || matches!(e, BackendError::Timeout { .. })
 }
 
 /// `2 GPU(s), 1.0 GiB: 512.0 MiB in data chunks, 512.0 MiB uniform (not written); slowest
@@ -403,12 +473,13 @@ impl CustomPath {
         n as usize
     }
 
-    /// After a failed dump: removes the files of every task this dump checkpointed, but
-    /// `keep`'s; returns how many files it removed.
+    /// After a failed dump: removes the files of every task this dump checkpointed (or asked a
+    /// copier that never answered to checkpoint), but `keep`'s; returns how many files it removed.
     pub fn discard(&mut self, keep: &[Pid]) -> usize {
         let pids: Vec<Pid> = self
             .written
             .keys()
+            .chain(&self.unanswered)
             .filter(|p| !keep.contains(p))
             .copied()
             .collect();
@@ -416,6 +487,7 @@ impl CustomPath {
         for pid in pids {
             n += self.remove_files(pid);
             self.written.remove(&pid);
+            self.unanswered.remove(&pid);
         }
         n
     }

@@ -269,6 +269,14 @@ fn restore(c: &Copier, job: &CustomJob, path: &Path) -> Result<Vec<CustomGpu>, S
         .restore(job.pid, &pairs)
         .map_err(|e| format!("pid {}: {e}", job.pid))?;
     let ords = ordinals(c, &op)?;
+    if op.entries.len() != files.len() {
+        return Err(format!(
+            "pid {}: the driver maps {} GPU share(s), the dump wrote {} file(s) for this task",
+            job.pid,
+            op.entries.len(),
+            files.len()
+        ));
+    }
     // Each entry's file: its GPU now, mapped back to the GPU at dump.
     let mut place_of = Vec::with_capacity(op.entries.len());
     for (entry, &ord) in op.entries.iter().zip(&ords) {
