@@ -1478,7 +1478,10 @@ expect = "ok"
             ),
         ] {
             let e = Scenario::parse("dir/s.toml", &bad).unwrap_err().to_string();
-            assert!(e.starts_with("dir/s.toml: ") && e.contains(why), "{why}: {e}");
+            assert!(
+                e.starts_with("dir/s.toml: ") && e.contains(why),
+                "{why}: {e}"
+            );
         }
     }
 

@@ -270,7 +270,13 @@ impl Exec<'_> {
         let img = self.dir.join("img");
         std::fs::create_dir_all(&img).map_err(|e| format!("{}: {e}", img.display()))?;
         let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={kib}k,mode=0755"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={kib}k,mode=0755"),
+                "tmpfs",
+            ])
             .arg(&img)
             .output()
             .map_err(|e| format!("host.image_fs_kib: mount: {e}"))?;
@@ -303,11 +309,7 @@ impl Exec<'_> {
         names.sort();
         let found: Vec<String> = names
             .iter()
-            .filter(|n| {
-                patterns
-                    .iter()
-                    .any(|p| crate::scenario::glob_match(p, n))
-            })
+            .filter(|n| patterns.iter().any(|p| crate::scenario::glob_match(p, n)))
             .map(|n| self.normalise(n))
             .collect();
         if found.is_empty() {

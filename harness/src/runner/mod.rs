@@ -333,7 +333,9 @@ pub fn needs_root(s: &Scenario) -> Option<String> {
         return Some("not root: real CRIU needs root".to_owned());
     }
     if s.host.image_fs_kib.is_some() {
-        return Some("not root: an image filesystem of its own (host.image_fs_kib) needs root".to_owned());
+        return Some(
+            "not root: an image filesystem of its own (host.image_fs_kib) needs root".to_owned(),
+        );
     }
     (!s.workload.namespaces.is_empty())
         .then(|| "not root: a tree in new pid or mount namespaces needs root".to_owned())

@@ -318,7 +318,8 @@ pub(super) fn plugin_line(line: &str) -> Option<String> {
     if body.starts_with("waited N.N ms on ") || body == "done in N.N ms" {
         return None;
     }
-    if rest.starts_with("custom storage dump pid ") || rest.starts_with("custom storage restore pid ")
+    if rest.starts_with("custom storage dump pid ")
+        || rest.starts_with("custom storage restore pid ")
     {
         return None;
     }
@@ -531,8 +532,14 @@ mod tests {
         let r = |s: &str| s.chars().collect::<Vec<char>>();
         assert!(cs_file_pid("/fd/11/cuda-cs-", &r("-0.img: at byte 8192")));
         assert!(cs_file_pid("cuda-cs-", &r("-12.img")));
-        assert!(!cs_file_pid("cuda-cs-", &r(".img")), "not the file name's form");
-        assert!(!cs_file_pid("cuda-cs-4-", &r(".img")), "the GPU place, not the pid");
+        assert!(
+            !cs_file_pid("cuda-cs-", &r(".img")),
+            "not the file name's form"
+        );
+        assert!(
+            !cs_file_pid("cuda-cs-4-", &r(".img")),
+            "the GPU place, not the pid"
+        );
         assert!(!cs_file_pid("cuda-plugin-", &r("-0.img")));
     }
 

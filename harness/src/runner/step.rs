@@ -150,7 +150,9 @@ impl Exec<'_> {
                     .into_iter()
                     .flatten()
                     .any(|n| {
-                        n.contains('{') || n.starts_with("cuda-plugin-") || n.starts_with("cuda-cs-")
+                        n.contains('{')
+                            || n.starts_with("cuda-plugin-")
+                            || n.starts_with("cuda-cs-")
                     });
                 let size = |b: &Option<Vec<u8>>, gone: &str| match b {
                     None => gone.to_owned(),
