@@ -293,6 +293,7 @@ pub(crate) fn test_entry(pid: i32, ns: u64, nspid: i32, state: CUprocessState) -
         checkpointed: Vec::new(),
         reserved: Vec::new(),
         custom_storage: false,
+        open_caller: None,
     }
 }
 

@@ -513,21 +513,35 @@ pub fn htod(w: &Arc<World>, dptr: u64, src: &[u8]) -> R<()> {
     Ok(())
 }
 
-/// An asynchronous copy from an operation's range on `stream`: the bytes move now, the time
-/// is the stream's.
-pub fn dtoh_async(w: &Arc<World>, dst: &mut [u8], dptr: u64, stream: u64) -> R<()> {
+/// An asynchronous copy from an operation's range on `stream`: the range is checked now, the
+/// bytes move on the stream's worker (the caller's buffer is the stream's until it is
+/// synchronised), which then takes the modelled time. An error while they move is the
+/// stream's, reported by the next `cuStreamSynchronize`.
+pub fn dtoh_async(w: &Arc<World>, dst: crate::ffi::HostBuf, dptr: u64, stream: u64) -> R<()> {
     check_stream(stream)?;
-    let gpu = read_now(w, dst, dptr)?;
-    enqueue(w, stream, gpu, dst.len() as u64);
-    Ok(())
+    let (_, gpu, _, _) = locate(dptr, dst.len() as u64)?;
+    let w2 = Arc::clone(w);
+    enqueue(
+        w,
+        stream,
+        gpu,
+        dst.len() as u64,
+        Box::new(move || dst.with_mut(|b| read_now(&w2, b, dptr)).map(|_| ())),
+    )
 }
 
-/// An asynchronous copy into an operation's range on `stream`.
-pub fn htod_async(w: &Arc<World>, dptr: u64, src: &[u8], stream: u64) -> R<()> {
+/// An asynchronous copy into an operation's range on `stream` (as [`dtoh_async`]).
+pub fn htod_async(w: &Arc<World>, dptr: u64, src: crate::ffi::HostBuf, stream: u64) -> R<()> {
     check_stream(stream)?;
-    let gpu = write_now(w, dptr, src)?;
-    enqueue(w, stream, gpu, src.len() as u64);
-    Ok(())
+    let (_, gpu, _, _) = locate(dptr, src.len() as u64)?;
+    let w2 = Arc::clone(w);
+    enqueue(
+        w,
+        stream,
+        gpu,
+        src.len() as u64,
+        Box::new(move || src.with(|b| write_now(&w2, dptr, b)).map(|_| ())),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -665,14 +679,19 @@ struct Stream {
     queue: Arc<Queue>,
 }
 
-/// A copy whose time a stream's worker takes: (world, GPU, bytes).
-type Job = (Arc<World>, GpuUuid, u64);
+/// Moves a copy's bytes.
+type Work = Box<dyn FnOnce() -> R<()> + Send>;
 
-/// A stream's modelled work: a worker thread takes the time of each copy in turn.
+/// A copy a stream's worker carries out: (world, GPU, bytes, the work that moves them).
+type Job = (Arc<World>, GpuUuid, u64, Work);
+
+/// A stream's work: a worker thread moves each copy's bytes and takes its modelled time, in
+/// turn. The first error is kept for the next synchronisation.
 struct Queue {
     pending: Mutex<u64>,
     idle: Condvar,
     jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    error: Mutex<Option<CUresult>>,
 }
 
 static STREAMS: Mutex<Option<HashMap<u64, Stream>>> = Mutex::new(None);
@@ -692,6 +711,7 @@ fn new_stream() -> u64 {
                 pending: Mutex::new(0),
                 idle: Condvar::new(),
                 jobs: Mutex::new(None),
+                error: Mutex::new(None),
             }),
         },
     );
@@ -722,15 +742,16 @@ fn stream_capturing(stream: u64) -> bool {
         .is_some_and(|s| s.capturing)
 }
 
-fn enqueue(w: &Arc<World>, stream: u64, gpu: GpuUuid, bytes: u64) {
+fn enqueue(w: &Arc<World>, stream: u64, gpu: GpuUuid, bytes: u64, work: Work) -> R<()> {
     let queue = streams()
         .as_ref()
         .and_then(|m| m.get(&stream))
         .map(|s| Arc::clone(&s.queue));
     let Some(q) = queue else {
         // The NULL stream: synchronous.
+        work()?;
         model_copy(w, gpu, bytes);
-        return;
+        return Ok(());
     };
     *q.pending.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -740,8 +761,21 @@ fn enqueue(w: &Arc<World>, stream: u64, gpu: GpuUuid, bytes: u64) {
         let _ = std::thread::Builder::new()
             .name("cuda-stream".to_owned())
             .spawn(move || {
-                for (w, gpu, bytes) in rx {
-                    model_copy(&w, gpu, bytes);
+                for (w, gpu, bytes, work) in rx {
+                    let failed = worker
+                        .error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .is_some();
+                    // After an error the stream's later copies are not carried out.
+                    if !failed {
+                        match work() {
+                            Ok(()) => model_copy(&w, gpu, bytes),
+                            Err(e) => {
+                                *worker.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                            }
+                        }
+                    }
                     let mut n = worker.pending.lock().unwrap_or_else(|p| p.into_inner());
                     *n -= 1;
                     worker.idle.notify_all();
@@ -749,10 +783,16 @@ fn enqueue(w: &Arc<World>, stream: u64, gpu: GpuUuid, bytes: u64) {
             });
         tx
     });
-    let _ = tx.send((Arc::clone(w), gpu, bytes));
+    if tx.send((Arc::clone(w), gpu, bytes, work)).is_err() {
+        // No worker (the thread could not start): the copy is not made.
+        *q.pending.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        return Err(CUresult::ERROR_OUT_OF_MEMORY);
+    }
+    Ok(())
 }
 
-/// Waits until the stream's modelled work is done.
+/// Waits until the stream's work is done: the first error of its copies since the last wait
+/// is the answer.
 fn stream_wait(stream: u64) -> R<()> {
     if stream == 0 {
         return Ok(());
@@ -766,7 +806,9 @@ fn stream_wait(stream: u64) -> R<()> {
     while *n > 0 {
         n = q.idle.wait(n).unwrap_or_else(|p| p.into_inner());
     }
-    Ok(())
+    drop(n);
+    let error = q.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+    error.map_or(Ok(()), Err)
 }
 
 /// `cuStreamCreate`.
@@ -776,7 +818,8 @@ pub fn stream_create() -> u64 {
 
 /// `cuStreamDestroy`: unknown handle `CUDA_ERROR_INVALID_HANDLE`; pending work finishes first.
 pub fn stream_destroy(stream: u64) -> R<()> {
-    stream_wait(stream)?;
+    // An error of its copies was the synchronisation's to report.
+    let _ = stream_wait(stream);
     streams()
         .as_mut()
         .and_then(|m| m.remove(&stream))

@@ -695,9 +695,14 @@ pub fn memcpy_dtoh(dst: &mut [u8], dptr: u64) -> R<()> {
 }
 
 /// `cuMemcpyHtoDAsync` (`function` names the export): into a custom-storage range the bytes
-/// move now and the stream takes the modelled time; into the caller's own memory it is a
-/// synchronous copy.
-pub fn memcpy_htod_async(function: &str, dptr: u64, src: &[u8], stream: u64) -> R<()> {
+/// move on the stream's worker, which then takes the modelled time; into the caller's own
+/// memory it is a synchronous copy.
+pub fn memcpy_htod_async(
+    function: &str,
+    dptr: u64,
+    src: crate::ffi::HostBuf,
+    stream: u64,
+) -> R<()> {
     let w = world()?;
     gated_for(
         &w,
@@ -708,14 +713,19 @@ pub fn memcpy_htod_async(function: &str, dptr: u64, src: &[u8], stream: u64) -> 
             if custom::is_custom(dptr) {
                 custom::htod_async(&w, dptr, src, stream)
             } else {
-                write_dev(&w, dptr, src)
+                src.with(|b| write_dev(&w, dptr, b))
             }
         },
     )
 }
 
 /// `cuMemcpyDtoHAsync` (`function` names the export).
-pub fn memcpy_dtoh_async(function: &str, dst: &mut [u8], dptr: u64, stream: u64) -> R<()> {
+pub fn memcpy_dtoh_async(
+    function: &str,
+    dst: crate::ffi::HostBuf,
+    dptr: u64,
+    stream: u64,
+) -> R<()> {
     let w = world()?;
     let len = dst.len();
     gated_for(
@@ -727,7 +737,7 @@ pub fn memcpy_dtoh_async(function: &str, dst: &mut [u8], dptr: u64, stream: u64)
             if custom::is_custom(dptr) {
                 custom::dtoh_async(&w, dst, dptr, stream)
             } else {
-                read_dev(&w, dst, dptr)
+                dst.with_mut(|b| read_dev(&w, b, dptr))
             }
         },
     )

@@ -297,7 +297,9 @@ fn a_custom_storage_round_trip_keeps_every_byte_and_stages_nothing() {
             let data = copy_out(&op);
             ok(complete(&op));
             let op = open_restore(pid, &[(GPU0, GPU1), (GPU1, GPU0)]).unwrap();
-            copy_in(&op, &[data[1].clone(), data[0].clone()]);
+            // The buffers must outlive Complete: the copies read them on the streams.
+            let swapped = [data[1].clone(), data[0].clone()];
+            copy_in(&op, &swapped);
             ok(complete(&op));
             driver::unlock(pid).unwrap();
             let line = w.verify(0, pid);

@@ -1047,14 +1047,7 @@ fn dtoh_async(
     if dst.is_null() && n > 0 {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
-    let slice = if n == 0 {
-        &mut [][..]
-    } else {
-        // SAFETY: the caller passes `n` writable bytes at `dst` (checked non-NULL), valid until
-        // the stream is synchronised (the mock writes them before it returns).
-        unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) }
-    };
-    driver::memcpy_dtoh_async(function, slice, src, stream as u64)
+    driver::memcpy_dtoh_async(function, super::HostBuf::new(dst, n), src, stream as u64)
 }
 
 fn htod_async(
@@ -1067,13 +1060,7 @@ fn htod_async(
     if src.is_null() && n > 0 {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
-    let slice = if n == 0 {
-        &[][..]
-    } else {
-        // SAFETY: the caller passes `n` readable bytes at `src` (checked non-NULL).
-        unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) }
-    };
-    driver::memcpy_htod_async(function, dst, slice, stream as u64)
+    driver::memcpy_htod_async(function, dst, super::HostBuf::new(src, n), stream as u64)
 }
 
 /// `CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s)`.

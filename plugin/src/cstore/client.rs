@@ -127,7 +127,7 @@ impl CustomPath {
                 _ => break,
             }
         }
-        (!gpus.is_empty()).then(|| CustomRecord {
+        (!gpus.is_empty()).then_some(CustomRecord {
             dump_id: self.dump_id,
             file_pid: pid,
             gpus,
