@@ -513,35 +513,41 @@ pub fn htod(w: &Arc<World>, dptr: u64, src: &[u8]) -> R<()> {
     Ok(())
 }
 
-/// An asynchronous copy from an operation's range on `stream`: the range is checked now, the
-/// bytes move on the stream's worker (the caller's buffer is the stream's until it is
+/// An asynchronous copy of `len` bytes at `dptr` on `stream`: the range is checked now, `work`
+/// moves the bytes on the stream's worker (the caller's buffer is the stream's until it is
 /// synchronised), which then takes the modelled time. An error while they move is the
 /// stream's, reported by the next `cuStreamSynchronize`.
-pub fn dtoh_async(w: &Arc<World>, dst: crate::ffi::HostBuf, dptr: u64, stream: u64) -> R<()> {
+fn async_copy(
+    w: &Arc<World>,
+    stream: u64,
+    dptr: u64,
+    len: usize,
+    work: impl FnOnce(&World) -> R<GpuUuid> + Send + 'static,
+) -> R<()> {
     check_stream(stream)?;
-    let (_, gpu, _, _) = locate(dptr, dst.len() as u64)?;
+    let (_, gpu, _, _) = locate(dptr, len as u64)?;
     let w2 = Arc::clone(w);
     enqueue(
         w,
         stream,
         gpu,
-        dst.len() as u64,
-        Box::new(move || dst.with_mut(|b| read_now(&w2, b, dptr)).map(|_| ())),
+        len as u64,
+        Box::new(move || work(&w2).map(|_| ())),
     )
 }
 
-/// An asynchronous copy into an operation's range on `stream` (as [`dtoh_async`]).
+/// An asynchronous copy from an operation's range (see [`async_copy`]).
+pub fn dtoh_async(w: &Arc<World>, dst: crate::ffi::HostBuf, dptr: u64, stream: u64) -> R<()> {
+    async_copy(w, stream, dptr, dst.len(), move |w| {
+        dst.with_mut(|b| read_now(w, b, dptr))
+    })
+}
+
+/// An asynchronous copy into an operation's range (see [`async_copy`]).
 pub fn htod_async(w: &Arc<World>, dptr: u64, src: crate::ffi::HostBuf, stream: u64) -> R<()> {
-    check_stream(stream)?;
-    let (_, gpu, _, _) = locate(dptr, src.len() as u64)?;
-    let w2 = Arc::clone(w);
-    enqueue(
-        w,
-        stream,
-        gpu,
-        src.len() as u64,
-        Box::new(move || src.with(|b| write_now(&w2, dptr, b)).map(|_| ())),
-    )
+    async_copy(w, stream, dptr, src.len(), move |w| {
+        src.with(|b| write_now(w, dptr, b))
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
