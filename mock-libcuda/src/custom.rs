@@ -536,14 +536,14 @@ fn async_copy(
     )
 }
 
-/// An asynchronous copy from an operation's range (see [`async_copy`]).
+/// An asynchronous copy from an operation's range (see `async_copy`).
 pub fn dtoh_async(w: &Arc<World>, dst: crate::ffi::HostBuf, dptr: u64, stream: u64) -> R<()> {
     async_copy(w, stream, dptr, dst.len(), move |w| {
         dst.with_mut(|b| read_now(w, b, dptr))
     })
 }
 
-/// An asynchronous copy into an operation's range (see [`async_copy`]).
+/// An asynchronous copy into an operation's range (see `async_copy`).
 pub fn htod_async(w: &Arc<World>, dptr: u64, src: crate::ffi::HostBuf, stream: u64) -> R<()> {
     async_copy(w, stream, dptr, src.len(), move |w| {
         src.with(|b| write_now(w, dptr, b))
