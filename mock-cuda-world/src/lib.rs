@@ -91,6 +91,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemsetD8_v2",
     "cuMemGetInfo",
     "cuMemGetInfo_v2",
+    "cuPointerGetAttribute",
     // CUDA 13.4 custom storage, and what its caller copies with.
     "cuCheckpointOperationComplete",
     "cuMemHostAlloc",

@@ -1187,6 +1187,6 @@ mod tests {
                 e.symbol
             );
         }
-        assert_eq!(crate::ffi::EXPORTED_SYMBOLS.len(), 61);
+        assert_eq!(crate::ffi::EXPORTED_SYMBOLS.len(), 62);
     }
 }
