@@ -23,6 +23,13 @@
 //! may contain spaces (a path). Blank lines and lines whose first non-blank character is `#` are
 //! skipped; a `#` elsewhere is part of the value. A repeated option: the last one wins.
 //!
+//! # Trust
+//!
+//! The file found is read only if nobody but root (under `criu --unprivileged`: root or CRIU's
+//! own user) can change it or any directory on its path ([`crate::trust`]); otherwise `init`
+//! fails, naming the file, its owner, its mode and the fix. There is no switch that turns this
+//! off.
+//!
 //! An unreadable file, a line that is not valid UTF-8, an unknown name, a name of another
 //! plugin's namespace, a missing `=VALUE` or an invalid value fails the plugin's `init` with an
 //! error naming the file and the line. How the file's options combine with those of a CRIU run is
@@ -118,6 +125,10 @@ pub enum ConfigError {
         line: usize,
         error: LineError,
     },
+    /// Somebody other than root (or the unprivileged CRIU's user) can change it
+    /// ([`crate::trust`]).
+    #[error(transparent)]
+    Untrusted(#[from] crate::trust::TrustError),
 }
 
 impl Lookup {
@@ -169,7 +180,10 @@ impl Lookup {
                     })
                 }
                 Ok(m) if !m.is_file() => return Err(ConfigError::NotAFile { path }),
-                Ok(_) => return read(path, origin).map(Some),
+                Ok(_) => {
+                    crate::trust::check(&path, crate::trust::Role::Config)?;
+                    return read(path, origin).map(Some);
+                }
             }
         }
         Ok(None)

@@ -70,6 +70,7 @@ fn backend_errno(e: &BackendError) -> i32 {
         BackendError::Timeout { .. } | BackendError::OutputHeld { .. } => libc::ETIMEDOUT,
         BackendError::Busy { .. } => libc::EBUSY,
         BackendError::Spawn { .. } => libc::ENOEXEC,
+        BackendError::Untrusted { .. } => libc::EPERM,
         BackendError::HelperLost { .. } => libc::EPIPE,
         BackendError::Cuda { .. }
         | BackendError::Exit { .. }

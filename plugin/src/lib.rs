@@ -32,6 +32,7 @@
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
 //! | [`cstore`] | Custom storage: the GPU-memory image files and the copies between them and the GPUs. |
 //! | [`config`] | The plugin's options file, `cuda_plugin.conf`: where it is looked for, its format. |
+//! | [`trust`] | Which options files and programs the plugin trusts (sshd's `StrictModes` rule). |
 //!
 //! # Entry points and return values
 //!
@@ -69,6 +70,7 @@ pub mod select;
 pub mod session;
 pub mod thread;
 pub mod timing;
+pub mod trust;
 pub mod worker;
 
 /// The plugin's name: the descriptor's `name`, the inventory entry and the option namespace.

@@ -8,6 +8,8 @@
 //! | `checkpoint-restore` | the 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) runs as a container; `runc checkpoint` succeeds and leaves both CUDA tasks CHECKPOINTED in the world, the container gone; `runc restore -d` brings it back running, both CUDA tasks RUNNING (unlocked) again, and every task answers SIGUSR1 with a PASS line (its GPU data intact); the world's trace shows `cuda-checkpoint` runs exactly when the file chose that backend |
 //! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
 //! | `custom-storage` (driver API only, CUDA 13.4 world) | `checkpoint-restore` with `custom-storage = on` in the options file: `runc checkpoint` leaves the GPU memory in `cuda-cs-*.img` files of the image path (the dump log says what each task moved), and `runc restore -d` brings the tree back from them, data intact |
+//! | `untrusted-options-file` (driver API only) | the trust rule (`plugin/src/trust.rs`): `cuda_plugin.conf` owned by another user, then group-writable, then in a world-writable directory: each `runc checkpoint` fails at `init` with CRIU's log naming the file (or directory), its owner, its mode and the fix, nothing locked, the container running; put right, checkpoint and restore work |
+//! | `untrusted-utility` (cuda-checkpoint only) | a world-writable `cuda-checkpoint` named by the options file is never run: `runc checkpoint` fails at `init` naming it and the fix |
 //! | `bad-options-file` (driver API only) | `cuda_plugin.conf` has an invalid value on its 5th line: `runc checkpoint` fails before any task is touched, CRIU's log names the file and the line, the container keeps running with its data |
 //!
 //! What makes it a deployment test rather than another CRIU test: nothing is set up through
@@ -710,6 +712,132 @@ fn bad_options_file(c: &mut Container) -> R<String> {
     Ok(format!("refused checkpoint {dump_ms:.0} ms"))
 }
 
+/// Sets `p`'s mode.
+fn chmod(p: &Path, mode: u32) -> R {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("chmod {mode:o} {}: {e}", p.display()))
+}
+
+/// Sets `p`'s owner (uid; the group stays).
+fn chown(p: &Path, uid: u32) -> R {
+    std::os::unix::fs::chown(p, Some(uid), None)
+        .map_err(|e| format!("chown {uid} {}: {e}", p.display()))
+}
+
+/// `runc checkpoint` must fail at the plugin's `init` because of `bad`, with CRIU's log naming
+/// it as `want` says; the container keeps running and no task was locked.
+fn refused_for(c: &mut Container, bad: &str, want: &[String]) -> R<f64> {
+    let (out, log, ms) = c.checkpoint()?;
+    ensure!(
+        !out.status.success(),
+        "runc checkpoint succeeded with {bad}"
+    );
+    for w in want {
+        ensure!(
+            log.contains(w.as_str()),
+            "with {bad}, the dump log does not say {w:?}:\n{}",
+            tail(&log, 20)
+        );
+    }
+    ensure!(
+        c.status()?.as_deref() == Some("running"),
+        "the container is not running after the checkpoint refused for {bad}"
+    );
+    c.expect_cuda("running")?;
+    let trace = read(&c.world.join("trace.log"));
+    ensure!(
+        !trace.contains("cuCheckpointProcessLock") && !trace.contains("cuda-checkpoint:lock"),
+        "a task was locked although init failed for {bad}:\n{trace}"
+    );
+    Ok(ms)
+}
+
+/// The trust rule (`plugin/src/trust.rs`) on the options file next to the plugin: owned by
+/// another user, group-writable, and in a directory everyone can write, each refused at
+/// `init` naming the file, the owner, the mode and the fix; put right, the checkpoint works.
+fn untrusted_options_file(c: &mut Container) -> R<String> {
+    let file = c.plugins.join("cuda_plugin.conf");
+    let shown = file.display().to_string();
+    let dir = c.plugins.display().to_string();
+    c.start()?;
+    let mut times = Vec::new();
+    chown(&file, 65534)?;
+    times.push(refused_for(
+        c,
+        "an options file owned by uid 65534",
+        &[
+            format!("options file {shown} is not trusted: the file {shown} is owned by uid 65534"),
+            format!("fix: chown root {shown}"),
+        ],
+    )?);
+    chown(&file, 0)?;
+    chmod(&file, 0o664)?;
+    times.push(refused_for(
+        c,
+        "a group-writable options file",
+        &[
+            format!("the file {shown} is writable by its group (mode 0664"),
+            format!("fix: chmod go-w {shown}"),
+        ],
+    )?);
+    chmod(&file, 0o644)?;
+    chmod(&c.plugins, 0o777)?;
+    times.push(refused_for(
+        c,
+        "an options file in a world-writable directory",
+        &[format!(
+            "options file {shown} is not trusted: its directory {dir} is writable by everyone \
+             (mode 0777"
+        )],
+    )?);
+    chmod(&c.plugins, 0o755)?;
+    let (out, log, ms) = c.checkpoint()?;
+    ensure!(
+        out.status.success(),
+        "runc checkpoint failed with the options file put right:\n{}",
+        tail(&log, 20)
+    );
+    c.restore()?;
+    c.verify_data()?;
+    Ok(format!(
+        "3 refusals {:.0}/{:.0}/{:.0} ms, then a checkpoint {ms:.0} ms",
+        times[0], times[1], times[2]
+    ))
+}
+
+/// The trust rule on the program the plugin runs: a world-writable `cuda-checkpoint` named by
+/// the options file is never run; `init` fails naming it.
+fn untrusted_utility(c: &mut Container) -> R<String> {
+    let a = artifacts().as_ref().map_err(Clone::clone)?;
+    let copy = c.plugins.join("cuda-checkpoint");
+    std::fs::copy(&a.cuda_checkpoint, &copy)
+        .map_err(|e| format!("copying {}: {e}", a.cuda_checkpoint.display()))?;
+    chmod(&copy, 0o757)?;
+    let file = c.plugins.join("cuda_plugin.conf");
+    let text = read(&file).replace(
+        &format!("cuda-checkpoint = {}", a.cuda_checkpoint.display()),
+        &format!("cuda-checkpoint = {}", copy.display()),
+    );
+    write(&file, &text)?;
+    c.start()?;
+    let shown = copy.display().to_string();
+    let ms = refused_for(
+        c,
+        "a world-writable cuda-checkpoint",
+        &[
+            format!("program {shown} is not trusted: the file {shown} is writable by everyone"),
+            format!("fix: chmod go-w {shown}"),
+        ],
+    )?;
+    let trace = read(&c.world.join("trace.log"));
+    ensure!(
+        !trace.contains("cuda-checkpoint:"),
+        "the untrusted utility ran:\n{trace}"
+    );
+    Ok(format!("refused checkpoint {ms:.0} ms"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The trials
 
@@ -769,10 +897,19 @@ fn trials(runc: &Path, criu_list: &[Criu]) -> Vec<Trial> {
                         String::new(),
                         bad_options_file as CaseBody,
                     ),
+                    (
+                        "untrusted-options-file",
+                        String::new(),
+                        untrusted_options_file as CaseBody,
+                    ),
                     ("custom-storage", String::new(), custom_storage as CaseBody),
                 ]
             } else {
-                Vec::new()
+                vec![(
+                    "untrusted-utility",
+                    String::new(),
+                    untrusted_utility as CaseBody,
+                )]
             };
             for (case, faults, body) in cases.into_iter().chain(driver_only) {
                 let (r, cr) = (runc.to_path_buf(), criu.clone());

@@ -57,6 +57,9 @@ pub enum RunError {
     OutputHeld { status: ExitInfo, waited: Duration },
     #[error("cannot wait for it: {0}")]
     Wait(#[source] std::io::Error),
+    /// Not run: somebody other than root can change it ([`crate::trust`]).
+    #[error(transparent)]
+    Untrusted(crate::trust::TrustError),
 }
 
 /// Runs a program to completion (the seam between the backend and real processes).
@@ -122,6 +125,19 @@ impl Running {
         deadline: Option<Duration>,
     ) -> Result<Self, RunError> {
         use crate::ffi::spawn;
+        match crate::trust::check(program, crate::trust::Role::Program) {
+            Ok(()) => {}
+            // Nothing there to run: said as the failed start it is.
+            Err(crate::trust::TrustError::Unreadable {
+                kind: std::io::ErrorKind::NotFound,
+                ..
+            }) => {
+                return Err(RunError::Spawn(std::io::Error::from(
+                    std::io::ErrorKind::NotFound,
+                )))
+            }
+            Err(e) => return Err(RunError::Untrusted(e)),
+        }
         let start = Instant::now();
         let (reader, writer) = spawn::pipe().map_err(RunError::Spawn)?;
         let writer2 = writer.try_clone().map_err(RunError::Spawn)?;
@@ -382,6 +398,9 @@ pub fn probe_cli(
         },
     };
     match runner.run(&program, &["-h".to_owned()], timeout) {
+        // Not a utility that is merely absent or old: the node is misconfigured, and `init`
+        // fails naming the file.
+        Err(RunError::Untrusted(e)) => CliProbe::Error(e.to_string()),
         Err(RunError::TimedOut(d)) => CliProbe::Error(format!(
             "`{} -h` timed out after {}",
             program.display(),
@@ -513,6 +532,11 @@ impl Cli {
                 pid,
                 status,
                 waited,
+            }),
+            Err(RunError::Untrusted(source)) => Err(BackendError::Untrusted {
+                op,
+                pid,
+                source: Box::new(source),
             }),
             Err(RunError::Spawn(source) | RunError::Wait(source)) => Err(BackendError::Spawn {
                 op,

@@ -267,6 +267,13 @@ pub enum BackendError {
         #[source]
         source: std::io::Error,
     },
+    /// The utility was not run: somebody other than root can change it ([`crate::trust`]).
+    #[error("failed to {op} pid {pid} via cuda-checkpoint: not run: {source}")]
+    Untrusted {
+        op: Op,
+        pid: Pid,
+        source: Box<crate::trust::TrustError>,
+    },
     #[error("failed to {op} pid {pid} via driver-api: the plugin's helper process, which runs the driver calls, is gone ({why})")]
     HelperLost { op: Op, pid: Pid, why: String },
     #[error("failed to {op} pid {pid} via driver-api with custom storage: {why}")]
@@ -292,6 +299,7 @@ impl BackendError {
             | BackendError::OutputHeld { op, .. }
             | BackendError::BadOutput { op, .. }
             | BackendError::Spawn { op, .. }
+            | BackendError::Untrusted { op, .. }
             | BackendError::HelperLost { op, .. }
             | BackendError::CustomStorage { op, .. }
             | BackendError::Unsupported { op, .. } => *op,
@@ -325,6 +333,7 @@ impl BackendError {
             | BackendError::HelperLost { .. } => true,
             BackendError::Busy { .. }
             | BackendError::Spawn { .. }
+            | BackendError::Untrusted { .. }
             | BackendError::Unsupported { .. } => false,
         }
     }

@@ -71,6 +71,28 @@ pub fn plugin_path() -> Option<std::path::PathBuf> {
     }
 }
 
+/// `posix_fadvise(fd, offset, len, advice)`: a hint to the page cache about a range of an open
+/// file (`libc::POSIX_FADV_*`); the error number on failure.
+pub fn fadvise(fd: &std::fs::File, offset: u64, len: u64, advice: i32) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    let off = libc::off_t::try_from(offset).unwrap_or(libc::off_t::MAX);
+    let len = libc::off_t::try_from(len).unwrap_or(libc::off_t::MAX);
+    // SAFETY: the descriptor is open for the duration of the call (borrowed from `fd`); the
+    // call only reads its arguments and touches no memory of ours.
+    match unsafe { libc::posix_fadvise(fd.as_raw_fd(), off, len, advice) } {
+        0 => Ok(()),
+        e => Err(e),
+    }
+}
+
+/// The effective user id of this process (the user whose files [`crate::trust`] accepts besides
+/// root's).
+#[must_use]
+pub fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
 /// Keeps this library mapped for the rest of the process's life (`RTLD_NODELETE`).
 ///
 /// Called when a driver call is abandoned on timeout: its worker thread may return into this
