@@ -117,11 +117,12 @@ fn device_error(e: crate::ffi::cstore::CallFailed) -> DeviceError {
 }
 
 /// The staging buffers of one GPU: two chunks, or less for a smaller GPU share (at least one
-/// alignment unit).
+/// alignment unit), each with one alignment unit more, for the frame block a restore reads
+/// with a chunk's data.
 fn buffers(c: &Copier, size: u64) -> Result<([Pinned; 2], u32), String> {
     let chunk = u64::from(CHUNK).min(super::format::padded(size).max(super::format::ALIGN64));
     let chunk_u32 = u32::try_from(chunk).unwrap_or(CHUNK);
-    let len = usize::try_from(chunk).unwrap_or(CHUNK as usize);
+    let len = usize::try_from(chunk + super::format::ALIGN64).unwrap_or(CHUNK as usize);
     let a = c.api.host_alloc(len).map_err(|e| e.to_string())?;
     let b = c.api.host_alloc(len).map_err(|e| e.to_string())?;
     Ok(([a, b], chunk_u32))

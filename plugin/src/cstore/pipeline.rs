@@ -9,9 +9,11 @@
 //! - [`verify_file`]: the header and the frame structure, reading only the frame blocks and
 //!   seeking over the data: the cheap check a restore runs on every file before it touches any
 //!   task.
-//! - [`restore_gpu`]: checks the structure ([`verify_file`]), then, while chunk *i* is copied to
-//!   the device from one buffer, reads chunk *i + 1* into the other and checks its checksum; no
-//!   chunk is handed to the device before its checksum matched.
+//! - [`restore_gpu`]: while chunk *i* is copied to the device from one buffer, reads chunk
+//!   *i + 1* (and the frame block after it, in the same read) into the other and checks its
+//!   checksum; no chunk is handed to the device before its checksum matched, and the frame
+//!   structure is checked again as it streams. Its caller runs [`verify_file`] on every file
+//!   first (the copier does, for all of a task's files, before it opens the task's restore).
 //!
 //! # `O_DIRECT`
 //!
@@ -46,7 +48,8 @@ pub trait DeviceCopy {
     /// The bytes the driver mapped for this GPU (the per-device `size`).
     fn size(&self) -> u64;
     /// Staging buffers: two pinned, [`ALIGN`]-aligned buffers (`which` is 0 or 1) of at least
-    /// the chunk size each.
+    /// the chunk size each; a restore reads the next frame block with a chunk's data when a
+    /// buffer has [`ALIGN`] bytes to spare.
     fn buffer(&mut self, which: usize) -> &mut [u8];
     /// Enqueues (`cuMemcpyDtoHAsync`) `len` bytes at device offset `off` into buffer `which`.
     fn enqueue_to_host(&mut self, off: u64, which: usize, len: usize) -> Result<(), DeviceError>;
@@ -364,6 +367,23 @@ impl ImageFile {
         }
     }
 
+    /// Through the page cache (not `O_DIRECT`): asks the kernel to start reading
+    /// `offset..offset + len` now, so that the disk works while the caller checks and copies
+    /// what it read before. A hint: a refusal changes nothing but speed.
+    fn read_ahead(&self, offset: u64, len: u64) {
+        if !self.direct {
+            let _ = crate::ffi::fadvise(&self.file, offset, len, libc::POSIX_FADV_WILLNEED);
+        }
+    }
+
+    /// Through the page cache: drops `offset..offset + len`, read and no longer needed, so that
+    /// a restore of tens of GB does not fill the host's memory with it.
+    fn done_with(&self, offset: u64, len: u64) {
+        if !self.direct {
+            let _ = crate::ffi::fadvise(&self.file, offset, len, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+
     fn len(&self) -> Result<u64, CsError> {
         Ok(self.file.metadata().map_err(self.io("fstat", 0))?.len())
     }
@@ -639,6 +659,8 @@ struct Reader {
     /// The file offset of the next frame block.
     at: u64,
     block: AlignedBuf,
+    /// `block` already holds the frame block at this offset (read with the data before it).
+    cached: Option<u64>,
     walker: Walker,
 }
 
@@ -690,6 +712,7 @@ impl Reader {
             len,
             at: ALIGN64,
             block,
+            cached: None,
             walker: Walker::new(h, hcrc),
         };
         Ok((r, h.chunk))
@@ -714,7 +737,9 @@ impl Reader {
         if at + ALIGN64 > self.len {
             return Err(f.format(at)(truncated(at + ALIGN64)));
         }
-        f.read_at(self.block.as_mut_slice(), at)?;
+        if self.cached.take() != Some(at) {
+            f.read_at(self.block.as_mut_slice(), at)?;
+        }
         let (frame, crc) = Frame::decode(block_of(&self.block)).map_err(f.format(at))?;
         self.walker.accept(&frame, crc).map_err(f.format(at))?;
         let next = at + frame.file_bytes();
@@ -769,7 +794,9 @@ enum Ready {
     Skip,
 }
 
-/// Copies `f` (checked first with [`verify_file`]) to the device. Every chunk's checksum is
+/// Copies `f` to the device. The caller checks the file first with [`verify_file`] where a
+/// damaged file must be refused before the device is touched; the structure is checked again
+/// here as the frames stream (a file changed since is refused too). Every chunk's checksum is
 /// checked before it is enqueued; the first mismatch is returned ([`FormatError::DataCrc`]:
 /// the file, the frame's offset, the device offset, both checksums) with nothing of that chunk
 /// or after it handed to the device.
@@ -787,7 +814,6 @@ pub fn restore_gpu<D: DeviceCopy + ?Sized>(
             expected: expected.size,
         });
     }
-    let summary = verify_file(f, expected)?;
     let (mut r, chunk) = Reader::open(f, expected)?;
     check_buffers(dev, f, chunk)?;
     let mut stats = RestoreStats {
@@ -795,7 +821,7 @@ pub fn restore_gpu<D: DeviceCopy + ?Sized>(
         data_bytes: 0,
         fill_bytes_copied: 0,
         fill_bytes_skipped: 0,
-        file_bytes: summary.file_bytes,
+        file_bytes: r.len,
         elapsed: Duration::ZERO,
         direct: f.direct,
     };
@@ -861,9 +887,23 @@ fn prepare<D: DeviceCopy + ?Sized>(
         match frame {
             Frame::Data { offset, length, .. } => {
                 let total = format::padded(length) as usize;
-                let buf = &mut dev.buffer(which)[..total];
-                f.read_at(buf, at + ALIGN64)?;
-                format::check_data(&frame, buf).map_err(f.format(at))?;
+                let buf = dev.buffer(which);
+                // The next frame's block comes with the data in one read when the buffer has
+                // room for it: one request per chunk, not two.
+                let next = at + ALIGN64 + total as u64;
+                let ahead = buf.len() >= total + ALIGN && next + ALIGN64 <= r.len;
+                let n = if ahead { total + ALIGN } else { total };
+                // The chunk after this one, from the disk while this one is checked and copied.
+                f.read_ahead(next, (buf.len() + ALIGN) as u64);
+                f.read_at(&mut buf[..n], at + ALIGN64)?;
+                f.done_with(at, ALIGN64 + total as u64);
+                if ahead {
+                    r.block
+                        .as_mut_slice()
+                        .copy_from_slice(&buf[total..total + ALIGN]);
+                    r.cached = Some(next);
+                }
+                format::check_data(&frame, &buf[..total]).map_err(f.format(at))?;
                 stats.data_bytes += length;
                 return Ok(Some(Ready::Copy {
                     off: offset,
@@ -914,13 +954,15 @@ mod tests {
     }
 
     impl FakeDev {
+        /// Buffers of a chunk and one frame block, as the copier's.
         fn new(mem: Vec<u8>, chunk: u32) -> Self {
+            Self::with_buffers(mem, chunk as usize + ALIGN)
+        }
+
+        fn with_buffers(mem: Vec<u8>, len: usize) -> Self {
             FakeDev {
                 mem,
-                bufs: [
-                    AlignedBuf::new(chunk as usize),
-                    AlignedBuf::new(chunk as usize),
-                ],
+                bufs: [AlignedBuf::new(len), AlignedBuf::new(len)],
                 pending: Vec::new(),
                 enqueues: 0,
                 syncs: 0,
@@ -1042,8 +1084,20 @@ mod tests {
         chunk: u32,
         opts: RestoreOptions,
     ) -> Result<(Vec<u8>, RestoreStats), CsError> {
+        restore_with(path, size, chunk, opts, ALIGN)
+    }
+
+    /// A restore through buffers of `chunk + spare` bytes (`spare` 0: every frame block is a
+    /// read of its own).
+    fn restore_with(
+        path: &Path,
+        size: usize,
+        chunk: u32,
+        opts: RestoreOptions,
+        spare: usize,
+    ) -> Result<(Vec<u8>, RestoreStats), CsError> {
         // Garbage in the target, so that fills must really be copied.
-        let mut dev = FakeDev::new(vec![0xee; size], chunk);
+        let mut dev = FakeDev::with_buffers(vec![0xee; size], chunk as usize + spare);
         let mut f = open_for_restore(path)?;
         let opened_direct = f.direct;
         let stats = restore_gpu(&mut dev, &mut f, &expected(size as u64), &opts)?;
@@ -1535,6 +1589,8 @@ mod tests {
             let (path, stats) = dump(dir.path(), &mem, chunk);
             let (back, _) = restore(&path, mem.len(), chunk, RestoreOptions::default()).unwrap();
             prop_assert!(back == mem);
+            let (back, _) = restore_with(&path, mem.len(), chunk, RestoreOptions::default(), 0).unwrap();
+            prop_assert!(back == mem, "buffers without room for the next frame block");
             let (back, _) = restore(&path, mem.len(), chunk, RestoreOptions { target_zeroed: true }).unwrap();
             let zeroed_ok = back.iter().zip(&mem).all(|(b, m)| b == m || (*m == 0 && *b == 0xee));
             prop_assert!(zeroed_ok);
@@ -1554,6 +1610,7 @@ mod tests {
             let i = at.index(whole.len());
             patch(&path, |b| b[i] ^= xor);
             prop_assert!(restore(&path, mem.len(), 8192, RestoreOptions::default()).is_err(), "flip at {} survived", i);
+            prop_assert!(restore_with(&path, mem.len(), 8192, RestoreOptions::default(), 0).is_err(), "flip at {} survived exact buffers", i);
             let c = cut.index(whole.len());
             patch(&path, |b| { *b = whole[..c].to_vec(); });
             prop_assert!(verify(&path, mem.len()).is_err());
