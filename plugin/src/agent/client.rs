@@ -15,6 +15,27 @@ use std::time::{Duration, Instant};
 pub const HELLO_LIMIT: Duration = Duration::from_secs(5);
 /// How long a note (which has no answer) may wait for room in the channel.
 const NOTE_LIMIT: Duration = Duration::from_secs(1);
+/// How many times a link starts a fresh helper after its helper died, in one CRIU run.
+pub const MAX_REVIVALS: u32 = 2;
+/// How long a fresh helper may take to load the driver again (its probe) before the link
+/// gives up on it.
+pub const REVIVE_PROBE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Starts a fresh helper and returns CRIU's end of its channel (see [`Link::revivable`]).
+pub type Respawn = Box<dyn Fn() -> Result<Channel, String> + Send + Sync>;
+
+/// What a fresh helper must be told to take over from a dead one: the driver probe it must
+/// repeat, the guardian's configuration and the tasks it guards.
+#[derive(Debug, Default)]
+struct Memo {
+    /// The probes' `call_init` (every driver call needs the library loaded).
+    probe: Option<bool>,
+    /// Whether `cuInit` was called (a restore needs it in the caller).
+    init: bool,
+    config: Option<proto::GuardConfig>,
+    tracked: BTreeMap<Pid, proto::Tracked>,
+    revivals: u32,
+}
 
 /// A request in flight.
 pub type Ticket = u64;
@@ -39,9 +60,99 @@ struct State {
     /// Notes that could not be sent (the guardian then knows less; logged once).
     lost_notes: usize,
     buf: Vec<u8>,
+    memo: Memo,
 }
 
 impl State {
+    /// The state of a channel whose other end a new helper holds, once the helper said hello
+    /// (at most `limit`).
+    fn connect(chan: Channel, limit: Duration) -> Result<State, String> {
+        let mut st = State {
+            chan,
+            agent: 0,
+            next: 1,
+            pending: BTreeSet::new(),
+            replies: BTreeMap::new(),
+            abandoned: BTreeMap::new(),
+            state_calls: BTreeSet::new(),
+            gone: None,
+            lost_notes: 0,
+            buf: Vec::new(),
+            memo: Memo::default(),
+        };
+        let deadline = Instant::now() + limit;
+        while st.agent == 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Some(g) = &st.gone {
+                return Err(format!("the helper process failed to start: {g}"));
+            }
+            if left.is_zero() {
+                return Err(format!(
+                    "the helper process did not start within {}",
+                    crate::message::Span(limit)
+                ));
+            }
+            st.pump(Some(left));
+        }
+        Ok(st)
+    }
+
+    /// One call answered within `limit`, with the state already locked (a revival's probe).
+    fn call_locked(&mut self, call: Call, limit: Duration) -> Result<Reply, String> {
+        let id = self.next;
+        self.next += 1;
+        self.send(
+            &ToAgent::Call {
+                id,
+                deadline_ms: Some(crate::message::millis(limit)),
+                call,
+            },
+            NOTE_LIMIT,
+        )?;
+        self.pending.insert(id);
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(r) = self.replies.remove(&id) {
+                self.pending.remove(&id);
+                return Ok(r);
+            }
+            if let Some(g) = &self.gone {
+                return Err(g.clone());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.pending.remove(&id);
+                return Err(format!("no answer within {}", crate::message::Span(limit)));
+            }
+            self.pump(Some(left));
+        }
+    }
+
+    /// Remembers what a fresh helper must be told (see [`Memo`]).
+    fn remember(&mut self, msg: &ToAgent) {
+        match msg {
+            ToAgent::Configure(c) => self.memo.config = Some(c.clone()),
+            ToAgent::Track(t) => {
+                self.memo.tracked.insert(t.pid, t.clone());
+            }
+            ToAgent::Untrack { pid } => {
+                self.memo.tracked.remove(pid);
+            }
+            ToAgent::Call {
+                call: Call::Probe { call_init },
+                ..
+            } => {
+                let first = self.memo.probe.get_or_insert(*call_init);
+                *first |= *call_init;
+            }
+            ToAgent::Call {
+                call: Call::Driver(DriverCall::Init),
+                ..
+            } => self.memo.init = true,
+            _ => {}
+        }
+    }
+
     /// Reads every queued message; with `wait`, first waits up to that long for one.
     fn pump(&mut self, wait: Option<Duration>) {
         if self.gone.is_some() {
@@ -111,48 +222,128 @@ impl State {
 pub const FINISH_LIMIT: Duration = Duration::from_secs(2);
 
 /// The plugin's end of the channel to its helper process.
-#[derive(Debug)]
 pub struct Link {
     state: Mutex<State>,
+    respawn: Option<Respawn>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("state", &self.state)
+            .field("revivable", &self.respawn.is_some())
+            .finish()
+    }
 }
 
 impl Link {
     /// Wraps CRIU's end of a channel whose other end a new helper holds, and waits (at most
     /// `limit`) for the helper's hello.
     pub fn connect(chan: Channel, limit: Duration) -> Result<Link, String> {
-        let mut st = State {
-            chan,
-            agent: 0,
-            next: 1,
-            pending: BTreeSet::new(),
-            replies: BTreeMap::new(),
-            abandoned: BTreeMap::new(),
-            state_calls: BTreeSet::new(),
-            gone: None,
-            lost_notes: 0,
-            buf: Vec::new(),
-        };
-        let deadline = Instant::now() + limit;
-        while st.agent == 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if let Some(g) = &st.gone {
-                return Err(format!("the helper process failed to start: {g}"));
-            }
-            if left.is_zero() {
-                return Err(format!(
-                    "the helper process did not start within {}",
-                    crate::message::Span(limit)
-                ));
-            }
-            st.pump(Some(left));
-        }
         Ok(Link {
-            state: Mutex::new(st),
+            state: Mutex::new(State::connect(chan, limit)?),
+            respawn: None,
         })
+    }
+
+    /// This link starts a fresh helper with `respawn` when its helper died and a call is still
+    /// to be made (the rollback's, above all), at most [`MAX_REVIVALS`] times in a run; the
+    /// fresh helper repeats the driver probe and is told the guardian's configuration and the
+    /// tasks it guards. The copier's link is not revivable: its death is how a failed job's
+    /// operation is aborted.
+    #[must_use]
+    pub fn revivable(mut self, respawn: Respawn) -> Link {
+        self.respawn = Some(respawn);
+        self
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces a dead helper with a fresh one (see [`Link::revivable`]); the error says why
+    /// that was not possible, the dead helper's reason first.
+    fn revive(&self, st: &mut State) -> Result<(), String> {
+        let Some(why) = st.gone.clone() else {
+            return Ok(());
+        };
+        let Some(respawn) = &self.respawn else {
+            return Err(why);
+        };
+        if st.memo.revivals >= MAX_REVIVALS {
+            return Err(format!(
+                "{why}; {MAX_REVIVALS} fresh helper(s) were already started in this run"
+            ));
+        }
+        st.memo.revivals += 1;
+        let started = Instant::now();
+        let old = st.agent;
+        let fresh = respawn()
+            .and_then(|chan| State::connect(chan, HELLO_LIMIT))
+            .map_err(|e| format!("{why}; no fresh helper could take over: {e}"))?;
+        let memo = std::mem::take(&mut st.memo);
+        let next = st.next;
+        *st = fresh;
+        st.next = next;
+        st.memo = memo;
+        if let Some(call_init) = st.memo.probe {
+            let loaded = match st.call_locked(Call::Probe { call_init }, REVIVE_PROBE_LIMIT) {
+                Ok(Reply::Probe(proto::ProbeReply::Supported { .. })) => Ok(()),
+                Ok(other) => Err(format!("{other:?}")),
+                Err(e) => Err(e),
+            };
+            loaded.map_err(|e| {
+                format!(
+                    "{why}; the fresh helper {} could not load the driver: {e}",
+                    st.agent
+                )
+            })?;
+        }
+        if st.memo.init {
+            let init = match st.call_locked(Call::Driver(DriverCall::Init), REVIVE_PROBE_LIMIT) {
+                Ok(Reply::Driver(DriverReply::Code(0))) => Ok(()),
+                Ok(other) => Err(format!("{other:?}")),
+                Err(e) => Err(e),
+            };
+            init.map_err(|e| {
+                format!("{why}; cuInit failed in the fresh helper {}: {e}", st.agent)
+            })?;
+        }
+        let mut notes: Vec<ToAgent> = st
+            .memo
+            .config
+            .clone()
+            .map(ToAgent::Configure)
+            .into_iter()
+            .collect();
+        notes.extend(st.memo.tracked.values().cloned().map(ToAgent::Track));
+        for n in &notes {
+            st.send(n, NOTE_LIMIT).map_err(|e| {
+                format!(
+                    "{why}; the fresh helper {} did not take its notes: {e}",
+                    st.agent
+                )
+            })?;
+        }
+        // The same start line as the first helper's (tools that follow the helpers key on it).
+        crate::ffi::log::log(
+            crate::host::Level::Debug.criu(),
+            &format!("helper process {} started", st.agent),
+        );
+        crate::ffi::log::log(
+            crate::host::Level::Warn.criu(),
+            &format!(
+                "helper process {old} is gone ({why}); helper process {} took over for the rest \
+                 of this run (driver loaded, {} task(s) guarded) in {:.1} ms (bounds: {} to \
+                 start, {} to load the driver)",
+                st.agent,
+                st.memo.tracked.len(),
+                started.elapsed().as_secs_f64() * 1e3,
+                crate::message::Span(HELLO_LIMIT),
+                crate::message::Span(REVIVE_PROBE_LIMIT),
+            ),
+        );
+        Ok(())
     }
 
     /// The helper's pid.
@@ -174,6 +365,9 @@ impl Link {
     pub fn submit(&self, call: Call, deadline: Option<Duration>) -> Result<Ticket, CallError> {
         let mut st = self.st();
         st.pump(None);
+        if st.gone.is_some() {
+            self.revive(&mut st).map_err(CallError::Lost)?;
+        }
         let state = &st.state_calls;
         if let Some((_, blocked)) = st.abandoned.iter().find(|(id, _)| state.contains(id)) {
             return Err(CallError::Busy {
@@ -190,6 +384,7 @@ impl Link {
             deadline_ms: deadline.map(crate::message::millis),
             call,
         };
+        st.remember(&msg);
         st.send(&msg, NOTE_LIMIT).map_err(CallError::Lost)?;
         st.pending.insert(id);
         Ok(id)
@@ -267,6 +462,7 @@ impl Link {
     pub fn note(&self, msg: &ToAgent) -> Result<(), String> {
         let mut st = self.st();
         st.pump(None);
+        st.remember(msg);
         let r = st.send(msg, NOTE_LIMIT);
         if r.is_err() {
             st.lost_notes += 1;

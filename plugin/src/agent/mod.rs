@@ -47,7 +47,11 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 /// Starts a helper process and connects to it. `image_dir` (CRIU's image directory, duplicated
 /// for the helper) is where the guardian writes its log.
 pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, String> {
-    spawn_named(image_dir, c"cuda-guardian")
+    let link = spawn_named(image_dir, c"cuda-guardian")?;
+    // Should this helper die with work left (killed by an operator, a cgroup's OOM killer, a
+    // node agent), a fresh one takes over; CRIU's image directory stays open for CRIU's whole
+    // run, so the number stays good.
+    Ok(link.revivable(Box::new(move || start_named(image_dir, c"cuda-guardian"))))
 }
 
 /// [`spawn`] with the process name `name` (`cuda-copier` for custom storage's copier, see
@@ -56,6 +60,12 @@ pub fn spawn_named(
     image_dir: Option<RawFd>,
     name: &'static std::ffi::CStr,
 ) -> Result<client::Link, String> {
+    client::Link::connect(start_named(image_dir, name)?, client::HELLO_LIMIT)
+}
+
+/// Forks a helper named `name` and returns CRIU's end of its channel (the hello is still to
+/// come).
+fn start_named(image_dir: Option<RawFd>, name: &'static std::ffi::CStr) -> Result<Channel, String> {
     let (criu_end, agent_end) =
         Channel::pair().map_err(|e| format!("cannot create the helper's channel: {e}"))?;
     let pidfd = sys::self_pidfd();
@@ -70,7 +80,7 @@ pub fn spawn_named(
     // The closure (and with it the helper's descriptors) was moved into the fork and dropped
     // here: CRIU keeps only its own end.
     spawned.map_err(|e| format!("cannot start the helper process: {e}"))?;
-    client::Link::connect(criu_end, client::HELLO_LIMIT)
+    Ok(criu_end)
 }
 
 /// Where the plugin's driver work runs: in the helper when one runs, else on `worker` threads.

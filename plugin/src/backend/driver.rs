@@ -372,6 +372,59 @@ impl DriverApi {
             .collect()
     }
 
+    /// A restore or an unlock whose helper died under it ([`BackendError::HelperLost`]): the
+    /// link has a fresh helper by the next call (see [`crate::agent::client::Link::revivable`]),
+    /// so the task's state says whether the call landed before the death: a restore that
+    /// finds the task still CHECKPOINTED, or an unlock that finds it still LOCKED, is made
+    /// once more; one that finds the state it was to reach succeeded. Any other result, and
+    /// any other error, is returned as it was. Locks and checkpoints are not retried: the
+    /// dump fails and its rollback puts the tasks back.
+    fn after_lost(
+        &mut self,
+        op: Op,
+        pid: Pid,
+        r: Result<(), BackendError>,
+        again: impl FnOnce(&mut Self) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let Err(BackendError::HelperLost { .. }) = &r else {
+            return r;
+        };
+        let (before, after) = match op {
+            Op::Restore => (CUprocessState::CHECKPOINTED, CUprocessState::LOCKED),
+            Op::Unlock => (CUprocessState::LOCKED, CUprocessState::RUNNING),
+            _ => return r,
+        };
+        match self.get_state(pid) {
+            Ok(s) if s == before => again(self),
+            Ok(s) if s == after => Ok(()),
+            _ => r,
+        }
+    }
+
+    /// [`DriverApi::after_lost`] for each job of a batch that lost its helper, one after
+    /// another.
+    fn after_lost_many(
+        &mut self,
+        op: Op,
+        results: Vec<JobResult>,
+        pids: &[Pid],
+        again: &dyn Fn(&mut Self, Pid) -> Result<(), BackendError>,
+    ) -> Vec<JobResult> {
+        results
+            .into_iter()
+            .zip(pids)
+            .map(|((r, took), &pid)| {
+                if matches!(r, Err(BackendError::HelperLost { .. })) {
+                    let (r, t) =
+                        super::timed_job(|| self.after_lost(op, pid, r, |me| again(me, pid)));
+                    (r, took + t)
+                } else {
+                    (r, took)
+                }
+            })
+            .collect()
+    }
+
     fn call_error(&self, op: Op, pid: Pid, e: CallError) -> BackendError {
         match e {
             CallError::TimedOut { after } => {
@@ -546,20 +599,31 @@ impl Backend for DriverApi {
             self.initialized = true;
         }
         let op = Op::Restore;
-        let pairs = pairs.iter().map(|(old, new)| (old.0, new.0)).collect();
-        let r = self.call(op, pid, deadline, DriverCall::Restore { pid, pairs })?;
-        DriverApi::code_of(op, pid, r)
+        let wire: Vec<([u8; 16], [u8; 16])> =
+            pairs.iter().map(|(old, new)| (old.0, new.0)).collect();
+        let call = || DriverCall::Restore {
+            pid,
+            pairs: wire.clone(),
+        };
+        let r = self
+            .call(op, pid, deadline, call())
+            .and_then(|r| DriverApi::code_of(op, pid, r));
+        self.after_lost(op, pid, r, |me| {
+            me.call(op, pid, deadline, call())
+                .and_then(|r| DriverApi::code_of(op, pid, r))
+        })
     }
 
     fn unlock(&mut self, pid: Pid) -> Result<(), BackendError> {
         let op = Op::Unlock;
-        let r = self.call(
-            op,
-            pid,
-            op_deadline(op, self.timeout),
-            DriverCall::Unlock(pid),
-        )?;
-        DriverApi::code_of(op, pid, r)
+        let deadline = op_deadline(op, self.timeout);
+        let r = self
+            .call(op, pid, deadline, DriverCall::Unlock(pid))
+            .and_then(|r| DriverApi::code_of(op, pid, r));
+        self.after_lost(op, pid, r, |me| {
+            me.call(op, pid, deadline, DriverCall::Unlock(pid))
+                .and_then(|r| DriverApi::code_of(op, pid, r))
+        })
     }
 
     fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
@@ -609,7 +673,8 @@ impl Backend for DriverApi {
         }
         let wire: Vec<([u8; 16], [u8; 16])> =
             pairs.iter().map(|(old, new)| (old.0, new.0)).collect();
-        let jobs = jobs
+        let pids: Vec<Pid> = jobs.iter().map(|j| j.pid).collect();
+        let calls = jobs
             .iter()
             .map(|j| {
                 let call = DriverCall::Restore {
@@ -619,7 +684,16 @@ impl Backend for DriverApi {
                 (j.pid, j.deadline, call)
             })
             .collect();
-        self.code_many(Op::Restore, jobs, width)
+        let results = self.code_many(Op::Restore, calls, width);
+        let deadline_of = |pid| jobs.iter().find(|j| j.pid == pid).and_then(|j| j.deadline);
+        self.after_lost_many(Op::Restore, results, &pids, &|me, pid| {
+            let call = DriverCall::Restore {
+                pid,
+                pairs: wire.clone(),
+            };
+            me.call(Op::Restore, pid, deadline_of(pid), call)
+                .and_then(|r| DriverApi::code_of(Op::Restore, pid, r))
+        })
     }
 
     fn lock_many(&mut self, pids: &[Pid], limits: LockLimits, width: usize) -> Vec<JobResult> {
@@ -631,7 +705,11 @@ impl Backend for DriverApi {
     fn unlock_many(&mut self, pids: &[Pid], width: usize) -> Vec<JobResult> {
         let op = Op::Unlock;
         let deadline = op_deadline(op, self.timeout);
-        self.code_many(op, per_pid(pids, deadline, &DriverCall::Unlock), width)
+        let results = self.code_many(op, per_pid(pids, deadline, &DriverCall::Unlock), width);
+        self.after_lost_many(op, results, pids, &|me, pid| {
+            me.call(op, pid, deadline, DriverCall::Unlock(pid))
+                .and_then(|r| DriverApi::code_of(op, pid, r))
+        })
     }
 }
 
