@@ -51,10 +51,21 @@ pub type Driver = Arc<OnceLock<Result<Arc<dyn CudaDriver>, LoadError>>>;
 /// Calls in flight that CRIU stopped waiting for ([`ToAgent::Abandon`]).
 type GivenUp = Arc<Mutex<BTreeSet<u64>>>;
 
+/// At dump: each guarded task's dump-start state (`CUprocessState`), as the plugin's notes say
+/// ([`ToAgent::Track`]); empty at restore. A rollback's restore that CRIU gave up on and that
+/// lands late is finished with it (see [`undo_late_success`]).
+type DumpTargets = Arc<Mutex<BTreeMap<Pid, u32>>>;
+
 /// The longest the helper, told to finish, still waits for calls in flight (to undo one that
 /// CRIU gave up on and that lands late) before it exits; each call is waited for at most as long
 /// again as CRIU waited for it.
 const LATE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The least the helper waits for a call in flight after CRIU gave up on it: with a short
+/// deadline (`timeout=1`), "as long again" is too short for a call that was merely slow (the
+/// chaos soak found a checkpoint landing 1.2 s after its 1 s deadline, which left its task
+/// LOCKED).
+const LATE_FLOOR: Duration = Duration::from_secs(5);
 
 /// The helper's main loop; returns its exit status.
 pub fn serve(
@@ -78,6 +89,7 @@ pub fn serve(
     }
     let inflight: InFlight = Arc::default();
     let given_up: GivenUp = Arc::default();
+    let targets: DumpTargets = Arc::default();
     let driver: Driver = Arc::default();
     let mut ledger = Ledger::default();
     let mut finish = None;
@@ -99,7 +111,15 @@ pub fn serve(
                         id,
                         deadline_ms,
                         call,
-                    }) => start_call(&chan, &inflight, &given_up, &driver, id, deadline_ms, call),
+                    }) => start_call(
+                        &chan,
+                        &inflight,
+                        (&given_up, &targets),
+                        &driver,
+                        id,
+                        deadline_ms,
+                        call,
+                    ),
                     Ok(ToAgent::Abandon { id }) => {
                         if lock(&inflight).contains_key(&id) {
                             lock(&given_up).insert(id);
@@ -109,7 +129,10 @@ pub fn serve(
                         return finish_late_calls(&chan, &inflight);
                     }
                     Ok(ToAgent::Finish(mode)) => finish = Some(mode),
-                    Ok(note) => ledger.apply(note),
+                    Ok(note) => {
+                        note_target(&targets, &ledger, &note);
+                        ledger.apply(note);
+                    }
                     Err(e) => ledger.note_error(e.to_string()),
                 },
                 Ok(None) => break,
@@ -135,12 +158,35 @@ pub fn serve(
     })
 }
 
+/// Keeps [`DumpTargets`] in step with the notes (a dump's only: the ledger's configuration says
+/// which stage this is, and comes first).
+fn note_target(targets: &DumpTargets, ledger: &Ledger, note: &ToAgent) {
+    let dump = match note {
+        ToAgent::Configure(c) => c.stage == proto::GuardStage::Dump,
+        _ => ledger
+            .config
+            .as_ref()
+            .is_some_and(|c| c.stage == proto::GuardStage::Dump),
+    };
+    match note {
+        ToAgent::Track(t) if dump => {
+            // The dump-start state does not change once noted.
+            lock(targets).entry(t.pid).or_insert(t.target);
+        }
+        ToAgent::Untrack { pid } => {
+            lock(targets).remove(pid);
+        }
+        _ => {}
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Told to finish with calls still in flight: closes the channel (CRIU's `exit` returns), waits
-/// for them, each at most as long again as CRIU did and all within [`LATE_LIMIT`] (so that one
+/// for them, each at most as long again as CRIU did (at least [`LATE_FLOOR`]) and all within
+/// [`LATE_LIMIT`] (so that one
 /// CRIU gave up on and that lands late is undone), then exits.
 fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
     if lock(inflight).is_empty() {
@@ -148,11 +194,11 @@ fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
     }
     chan.shutdown();
     let now = Instant::now();
-    // Each call as long again as CRIU waited for it (a lock cut at 1 s gets another second), one
-    // without a deadline the whole bound; never past LATE_LIMIT.
+    // Each call as long again as CRIU waited for it, at least LATE_FLOOR (a lock cut at 1 s gets
+    // another 5), one without a deadline the whole bound; never past LATE_LIMIT.
     let end = lock(inflight)
         .values()
-        .map(|u| u.map_or(now + LATE_LIMIT, |(until, d)| until + d))
+        .map(|u| u.map_or(now + LATE_LIMIT, |(until, d)| until + d.max(LATE_FLOOR)))
         .max()
         .unwrap_or(now)
         .min(now + LATE_LIMIT);
@@ -163,8 +209,22 @@ fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
 }
 
 /// A lock or a checkpoint that succeeded after CRIU gave up on it: CRIU counted it as failed
-/// and its rollback may have seen the task before it landed, so it is undone here.
-fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply) {
+/// and its rollback may have seen the task before it landed, so it is undone here. A dump
+/// rollback's restore that landed late leaves its task LOCKED: it is unlocked here when the
+/// task was RUNNING at dump start ([`DumpTargets`]).
+fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply, targets: &DumpTargets) {
+    if let Call::Driver(
+        DriverCall::Lock { pid, .. }
+        | DriverCall::Checkpoint(pid)
+        | DriverCall::Restore { pid, .. }
+        | DriverCall::Unlock(pid),
+    ) = call
+    {
+        let target = lock(targets).get(pid).copied();
+        if let Some(target) = target {
+            return put_back_late(driver, *pid, abi::CUprocessState(target), call, reply);
+        }
+    }
     let (Call::Driver(c), Reply::Driver(DriverReply::Code(0))) = (call, reply) else {
         return;
     };
@@ -183,10 +243,16 @@ fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply) {
                 DriverCall::Unlock(*pid),
             ],
         ),
+        DriverCall::Restore { pid, .. }
+            if lock(targets).get(pid) == Some(&abi::CUprocessState::RUNNING.0) =>
+        {
+            (*pid, vec![DriverCall::Unlock(*pid)])
+        }
         _ => return,
     };
     let what = match c {
         DriverCall::Lock { .. } => "lock",
+        DriverCall::Restore { .. } => "restore (of the dump's rollback)",
         _ => "checkpoint",
     };
     let mut done = Vec::new();
@@ -210,6 +276,79 @@ fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply) {
     }
     let msg = format!(
         "pid {pid}: the {what} CRIU gave up on landed late; the helper undid it ({})",
+        done.join(", ")
+    );
+    forward_log(crate::host::Level::Info.criu(), &msg);
+    crate::ffi::agent::syslog(false, &msg);
+}
+
+/// At dump: a task call CRIU gave up on has ended, whatever it returned (a checkpoint that
+/// failed late leaves its task LOCKED as surely as one that succeeded leaves it CHECKPOINTED,
+/// and CRIU's rollback could not touch the task while the call was in flight). The task is
+/// driven from the state it is in now to its dump-start state `target`: restored if
+/// checkpointed, then unlocked if it was running.
+fn put_back_late(
+    driver: &Driver,
+    pid: Pid,
+    target: abi::CUprocessState,
+    call: &Call,
+    reply: &Reply,
+) {
+    use abi::CUprocessState as S;
+    let Ok(d) = loaded(driver) else {
+        return;
+    };
+    let what = match call {
+        Call::Driver(DriverCall::Lock { .. }) => "lock",
+        Call::Driver(DriverCall::Checkpoint(_)) => "checkpoint",
+        Call::Driver(DriverCall::Restore { .. }) => "restore",
+        _ => "unlock",
+    };
+    let ended = match reply {
+        Reply::Driver(DriverReply::Code(0)) => "landed".to_owned(),
+        Reply::Driver(DriverReply::Code(c)) => format!("failed ({})", abi::CUresult(*c)),
+        other => format!("ended ({other:?})"),
+    };
+    let mut state = match DriverCall::State(pid).apply(&*d) {
+        DriverReply::State(Ok(s)) => S(s),
+        _ => return, // gone, or not a CUDA task any more: nothing to put back
+    };
+    let mut done = Vec::new();
+    let mut steps = Vec::new();
+    if state == S::CHECKPOINTED && target != S::CHECKPOINTED {
+        steps.push((
+            DriverCall::Restore {
+                pid,
+                pairs: Vec::new(),
+            },
+            "restored",
+            S::LOCKED,
+        ));
+        state = S::LOCKED;
+    }
+    if state == S::LOCKED && target == S::RUNNING {
+        steps.push((DriverCall::Unlock(pid), "unlocked", S::RUNNING));
+    }
+    if steps.is_empty() {
+        return;
+    }
+    for (call, name, _) in steps {
+        let r = call.apply(&*d);
+        if r != DriverReply::Code(0) {
+            let msg =
+                format!(
+                "pid {pid}: the {what} CRIU gave up on {ended} late; putting the task back failed \
+                 ({r:?} after {})",
+                if done.is_empty() { "nothing".to_owned() } else { done.join(", ") }
+            );
+            forward_log(crate::host::Level::Error.criu(), &msg);
+            crate::ffi::agent::syslog(true, &msg);
+            return;
+        }
+        done.push(name);
+    }
+    let msg = format!(
+        "pid {pid}: the {what} CRIU gave up on {ended} late; the helper put the task back ({})",
         done.join(", ")
     );
     forward_log(crate::host::Level::Info.criu(), &msg);
@@ -253,7 +392,7 @@ fn custom_jobs() -> &'static CustomJobs {
 fn start_call(
     chan: &Arc<Channel>,
     inflight: &InFlight,
-    given_up: &GivenUp,
+    (given_up, targets): (&GivenUp, &DumpTargets),
     driver: &Driver,
     id: u64,
     deadline_ms: Option<u64>,
@@ -264,10 +403,11 @@ fn start_call(
         (Instant::now() + d, d)
     });
     lock(inflight).insert(id, until);
-    let (chan, inflight, given_up, driver) = (
+    let (chan, inflight, given_up, targets, driver) = (
         Arc::clone(chan),
         Arc::clone(inflight),
         Arc::clone(given_up),
+        Arc::clone(targets),
         Arc::clone(driver),
     );
     let custom = matches!(call, Call::Custom(_));
@@ -285,7 +425,7 @@ fn start_call(
         };
         if lock(&given_up).remove(&id) {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                undo_late_success(&driver, &call, &reply);
+                undo_late_success(&driver, &call, &reply, &targets);
             }));
         }
         // A custom-storage job that failed leaves its operation open; the copier ends itself
