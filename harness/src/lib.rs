@@ -47,5 +47,6 @@ pub mod profiles_table;
 pub mod pstree;
 pub mod runner;
 pub mod scenario;
+pub mod soak;
 pub mod sweep;
 mod workload;

@@ -229,7 +229,8 @@ pub enum Fault {
     Hang,
     /// Block until a file appears (created `HANG_RELEASE` into the step).
     HangFile,
-    /// The `cuda-checkpoint` run dies of SIGSEGV.
+    /// The caller dies of SIGSEGV: a `cuda-checkpoint` run, or, for a driver call, the
+    /// plugin's helper process that makes it.
     Crash,
     /// SIGKILL the target, then carry on.
     KillTarget,
@@ -535,6 +536,10 @@ pub fn cases(full: bool) -> Vec<Case> {
                 kinds.extend([Fault::ErrorAfter, Fault::Fail, Fault::KillTarget]);
                 if cli {
                     kinds.extend([Fault::Crash, Fault::Garbage]);
+                } else if full {
+                    // The driver's caller is the plugin's helper: the helper dies in the call
+                    // (a fresh one takes over; `scenarios/cuda/helper-death/`).
+                    kinds.push(Fault::Crash);
                 }
                 if full || slow_default(call, phase, t) {
                     kinds.extend(slow);

@@ -403,6 +403,94 @@ fn artifacts_as_subreaper() -> Result<runner::Artifacts> {
     Ok(art)
 }
 
+/// `harness soak`: the chaos soak.
+#[derive(Debug, Parser)]
+#[command(
+    name = "harness soak",
+    about = "Runs dumps and restores of CUDA trees with a bad day drawn at random from the seed (the helper, a cuda-checkpoint run or a workload task killed in a call, a call stalled past its deadline; both backends, both parallel settings, trees in their own namespaces) and checks that every task is back or the checkpoint succeeded; a failing run prints the command that replays it."
+)]
+struct SoakArgs {
+    /// How many runs.
+    #[arg(long, default_value_t = 50)]
+    runs: u64,
+    /// The seed (default: from the clock, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Only this run of the seed (a replay).
+    #[arg(long, value_name = "I")]
+    run: Option<u64>,
+    /// Runs at a time (default: twice the cores, 2 to 8; they mostly wait).
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = runner::default_jobs())]
+    jobs: usize,
+}
+
+/// `harness soak [--runs N] [--seed S] [--run I] [-j N]`: the chaos soak.
+fn run_soak(args: &[OsString]) -> Result<ExitCode> {
+    use harness::soak;
+    let a = SoakArgs::parse_from(
+        std::iter::once(OsString::from("harness soak")).chain(args.iter().cloned()),
+    );
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs())
+    });
+    let runs: Vec<u64> = match a.run {
+        Some(i) => vec![i],
+        None => (0..a.runs).collect(),
+    };
+    let art = artifacts_as_subreaper()?;
+    eprintln!(
+        "soak: seed {seed}, {} run(s) of {} cases, {} at a time",
+        runs.len(),
+        soak::space().len(),
+        a.jobs
+    );
+    let started = std::time::Instant::now();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let total = runs.len();
+    let results = soak::run(&runs, seed, &art, a.jobs, &|r| {
+        let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        eprintln!(
+            "[{n}/{total}] {:.1}s {}: {}",
+            r.elapsed.as_secs_f64(),
+            r.case.key(),
+            r.outcome
+        );
+    });
+    let mut failed = 0;
+    for r in &results {
+        if let (None, Some(why)) = (r.failure(), r.violation()) {
+            eprintln!(
+                "known: run {} (seed {seed}): {}: {why} ({})",
+                r.run,
+                r.result.case.key(),
+                soak::known(&r.result.case).unwrap_or_default()
+            );
+        }
+        if let Some(why) = r.failure() {
+            failed += 1;
+            eprintln!(
+                "FAILED run {} (seed {seed}): {}: {why}\n  replay: {}\n{}",
+                r.run,
+                r.result.case.key(),
+                r.replay(seed),
+                r.result.detail
+            );
+        }
+    }
+    print!(
+        "{}",
+        soak::figures(&results, started.elapsed().as_secs_f64())
+    );
+    println!("seed {seed}");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 /// `harness sweep`: the fault sweep.
 #[derive(Debug, Parser)]
 #[command(
@@ -501,6 +589,9 @@ fn run() -> Result<ExitCode> {
     }
     if args.first().is_some_and(|a| a == "sweep") {
         return run_sweep(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "soak") {
+        return run_soak(&args[1..]);
     }
     if args.first().is_some_and(|a| a == "conformance") {
         return run_conformance(&args[1..]);

@@ -333,7 +333,14 @@ fn put_back_late(
         return;
     }
     for (call, name, _) in steps {
-        let r = call.apply(&*d);
+        // CRIU may still hold the task (its restore thread stopped) for a moment after giving
+        // up on the call: try again until it lets go, within PUT_BACK_LIMIT.
+        let started = Instant::now();
+        let mut r = call.apply(&*d);
+        while r != DriverReply::Code(0) && started.elapsed() < PUT_BACK_LIMIT {
+            std::thread::sleep(Duration::from_millis(100));
+            r = call.apply(&*d);
+        }
         if r != DriverReply::Code(0) {
             let msg =
                 format!(
@@ -354,6 +361,9 @@ fn put_back_late(
     forward_log(crate::host::Level::Info.criu(), &msg);
     crate::ffi::agent::syslog(false, &msg);
 }
+
+/// How long [`put_back_late`] tries a step again while CRIU still holds the task.
+const PUT_BACK_LIMIT: Duration = Duration::from_secs(5);
 
 /// The copier's custom-storage jobs: how many run, and whether one has failed.
 #[derive(Default)]
