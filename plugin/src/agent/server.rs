@@ -208,10 +208,10 @@ fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
     0
 }
 
-/// A lock or a checkpoint that succeeded after CRIU gave up on it: CRIU counted it as failed
-/// and its rollback may have seen the task before it landed, so it is undone here. A dump
-/// rollback's restore that landed late leaves its task LOCKED: it is unlocked here when the
-/// task was RUNNING at dump start ([`DumpTargets`]).
+/// A call CRIU gave up on has ended. At dump (the task's dump-start state is in
+/// [`DumpTargets`]) the task is put back to that state, whatever the call did
+/// ([`put_back_late`]). Otherwise a lock or a checkpoint that succeeded is undone: CRIU counted
+/// it as failed and its rollback may have seen the task before it landed.
 fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply, targets: &DumpTargets) {
     if let Call::Driver(
         DriverCall::Lock { pid, .. }
@@ -243,41 +243,59 @@ fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply, targets: &Dump
                 DriverCall::Unlock(*pid),
             ],
         ),
-        DriverCall::Restore { pid, .. }
-            if lock(targets).get(pid) == Some(&abi::CUprocessState::RUNNING.0) =>
-        {
-            (*pid, vec![DriverCall::Unlock(*pid)])
-        }
         _ => return,
     };
     let what = match c {
         DriverCall::Lock { .. } => "lock",
-        DriverCall::Restore { .. } => "restore (of the dump's rollback)",
         _ => "checkpoint",
     };
+    carry_out(
+        &*d,
+        &undo,
+        Duration::ZERO,
+        &format!("pid {pid}: the {what} CRIU gave up on landed late"),
+        ("undoing it", "the helper undid it"),
+    );
+}
+
+/// Makes `steps` in order, each tried again (every 100 ms, for up to `retry`) while it fails,
+/// and says how it went, to CRIU's log and to syslog (CRIU may have exited already): `{head};
+/// {done} (restored, unlocked)`, or `{head}; {doing} failed (REPLY after …)` at the first step
+/// that kept failing.
+fn carry_out(
+    d: &dyn CudaDriver,
+    steps: &[DriverCall],
+    retry: Duration,
+    head: &str,
+    (doing, done_word): (&str, &str),
+) {
     let mut done = Vec::new();
-    for u in undo {
-        let r = u.apply(&*d);
-        let name = match u {
-            DriverCall::Unlock(_) => "unlocked",
-            _ => "restored",
-        };
+    for step in steps {
+        let started = Instant::now();
+        let mut r = step.apply(d);
+        while r != DriverReply::Code(0) && started.elapsed() < retry {
+            std::thread::sleep(Duration::from_millis(100));
+            r = step.apply(d);
+        }
         if r != DriverReply::Code(0) {
             let msg = format!(
-                "pid {pid}: the {what} CRIU gave up on landed late; undoing it failed ({r:?} after {})",
-                if done.is_empty() { "nothing".to_owned() } else { done.join(", ") }
+                "{head}; {doing} failed ({r:?} after {})",
+                if done.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    done.join(", ")
+                }
             );
-            // CRIU may have exited already: syslog keeps it too.
             forward_log(crate::host::Level::Error.criu(), &msg);
             crate::ffi::agent::syslog(true, &msg);
             return;
         }
-        done.push(name);
+        done.push(match step {
+            DriverCall::Unlock(_) => "unlocked",
+            _ => "restored",
+        });
     }
-    let msg = format!(
-        "pid {pid}: the {what} CRIU gave up on landed late; the helper undid it ({})",
-        done.join(", ")
-    );
+    let msg = format!("{head}; {done_word} ({})", done.join(", "));
     forward_log(crate::host::Level::Info.criu(), &msg);
     crate::ffi::agent::syslog(false, &msg);
 }
@@ -313,53 +331,29 @@ fn put_back_late(
         DriverReply::State(Ok(s)) => S(s),
         _ => return, // gone, or not a CUDA task any more: nothing to put back
     };
-    let mut done = Vec::new();
     let mut steps = Vec::new();
     if state == S::CHECKPOINTED && target != S::CHECKPOINTED {
-        steps.push((
-            DriverCall::Restore {
-                pid,
-                pairs: Vec::new(),
-            },
-            "restored",
-            S::LOCKED,
-        ));
+        steps.push(DriverCall::Restore {
+            pid,
+            pairs: Vec::new(),
+        });
         state = S::LOCKED;
     }
     if state == S::LOCKED && target == S::RUNNING {
-        steps.push((DriverCall::Unlock(pid), "unlocked", S::RUNNING));
+        steps.push(DriverCall::Unlock(pid));
     }
     if steps.is_empty() {
         return;
     }
-    for (call, name, _) in steps {
-        // CRIU may still hold the task (its restore thread stopped) for a moment after giving
-        // up on the call: try again until it lets go, within PUT_BACK_LIMIT.
-        let started = Instant::now();
-        let mut r = call.apply(&*d);
-        while r != DriverReply::Code(0) && started.elapsed() < PUT_BACK_LIMIT {
-            std::thread::sleep(Duration::from_millis(100));
-            r = call.apply(&*d);
-        }
-        if r != DriverReply::Code(0) {
-            let msg =
-                format!(
-                "pid {pid}: the {what} CRIU gave up on {ended} late; putting the task back failed \
-                 ({r:?} after {})",
-                if done.is_empty() { "nothing".to_owned() } else { done.join(", ") }
-            );
-            forward_log(crate::host::Level::Error.criu(), &msg);
-            crate::ffi::agent::syslog(true, &msg);
-            return;
-        }
-        done.push(name);
-    }
-    let msg = format!(
-        "pid {pid}: the {what} CRIU gave up on {ended} late; the helper put the task back ({})",
-        done.join(", ")
+    // CRIU may still hold the task (its restore thread stopped) for a moment after giving up on
+    // the call: each step is tried again until it lets go, within PUT_BACK_LIMIT.
+    carry_out(
+        &*d,
+        &steps,
+        PUT_BACK_LIMIT,
+        &format!("pid {pid}: the {what} CRIU gave up on {ended} late"),
+        ("putting the task back", "the helper put the task back"),
     );
-    forward_log(crate::host::Level::Info.criu(), &msg);
-    crate::ffi::agent::syslog(false, &msg);
 }
 
 /// How long [`put_back_late`] tries a step again while CRIU still holds the task.
