@@ -8,6 +8,7 @@
 //! <world>/state.lock        flock(2) target serialising state updates
 //! <world>/trace.log         one line per driver call                        -> trace.rs
 //! <world>/timeouts.log      one line per request that timed out            -> timeouts.rs
+//! <world>/errors.log        one line per world error answered as 304       -> timeouts.rs
 //! <world>/lib/libcuda.so.1  the mock, with hidden symbols removed from its dynamic table
 //! <world>/lib/libnvidia-ml.so.1  the NVML stand-in (unless `[nvml] present = false`)
 //! <world>/devmem/           device memory of RUNNING/LOCKED processes, one file per allocation
@@ -221,10 +222,12 @@ impl World {
         let trace = dir.join("trace.log");
         std::fs::write(&trace, b"").map_err(|e| io(&trace, e))?;
         // A re-created world starts without the old world's timeouts.
-        let timeouts = dir.join(timeouts::FILE);
-        match std::fs::remove_file(&timeouts) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&timeouts, e)),
-            _ => {}
+        for log in [timeouts::FILE, timeouts::ERRORS_FILE] {
+            let log = dir.join(log);
+            match std::fs::remove_file(&log) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&log, e)),
+                _ => {}
+            }
         }
         let hidden: Vec<&str> = DRIVER_SYMBOLS
             .iter()

@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 pub const STATE_FORMAT: &str = "mock-cuda-world-state";
 /// Version of `state.json` (2: processes by world id, with their namespace identity).
 pub const STATE_VERSION: u32 = 2;
-/// How long a process waits for the state lock before reporting an error.
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a process waits for the state lock before reporting an error. An update takes
+/// milliseconds; the bound is for a holder that never lets go, not for the queue of 32 tasks
+/// registering at once on a loaded 2-core runner beside other scenarios.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The whole runtime state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -245,36 +247,166 @@ impl StateFile {
 }
 
 impl World {
-    /// Runs `f` on the state under the world's exclusive lock and stores the result.
-    pub fn update<R>(&self, f: impl FnOnce(&mut StateFile) -> R) -> Result<R, WorldError> {
-        let _guard = self.lock_state()?;
-        let path = self.state_path();
-        let mut state = StateFile::load(&path)?;
-        let before = state.clone();
-        let r = f(&mut state);
-        if state != before {
+    /// Runs `f` on the state under the world's exclusive lock and stores the result. `f` may
+    /// run more than once: when the lock was broken while this thread was stopped holding it
+    /// (see [`LOCK_BREAK_AFTER`]), its first result is discarded and the update starts again
+    /// on the state as it is now. An error is also written to the world's error log.
+    pub fn update<R>(&self, mut f: impl FnMut(&mut StateFile) -> R) -> Result<R, WorldError> {
+        self.logged("state update", || loop {
+            let guard = self.lock_state()?;
+            let path = self.state_path();
+            let mut state = StateFile::load(&path)?;
+            let before = state.clone();
+            let r = f(&mut state);
+            if state == before {
+                return Ok(r);
+            }
+            if !guard.still_held() {
+                self.log_error(&format!(
+                    "state update: the state lock was broken while thread {} held it \
+                     (stopped); the update starts again",
+                    nix::unistd::gettid()
+                ));
+                continue;
+            }
             state.store(&path)?;
-        }
-        Ok(r)
+            return Ok(r);
+        })
+    }
+
+    fn logged<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce() -> Result<R, WorldError>,
+    ) -> Result<R, WorldError> {
+        f().inspect_err(|e| self.log_error(&format!("{what}: {e}")))
     }
 
     /// A consistent snapshot of the state. Takes no lock: writers replace the file atomically
     /// (write, then rename), so a reader sees one whole version. Workloads read the state from
     /// threads that CRIU may freeze at any point; a reader must never hold the world's lock.
+    /// An error is also written to the world's error log.
     pub fn read_state(&self) -> Result<StateFile, WorldError> {
-        StateFile::load(&self.state_path())
+        self.logged("state read", || StateFile::load(&self.state_path()))
     }
 
-    fn lock_state(&self) -> Result<crate::sys::FileLock, WorldError> {
+    fn lock_state(&self) -> Result<StateLock, WorldError> {
         let path = self.lock_path();
         let deadline = Instant::now() + LOCK_TIMEOUT;
-        crate::sys::FileLock::acquire(&path, deadline).map_err(|e| match e {
+        StateLock::acquire(&path, deadline, |what| self.log_error(what)).map_err(|e| match e {
             None => WorldError::LockTimeout {
                 path: path.display().to_string(),
                 ms: LOCK_TIMEOUT.as_millis() as u64,
             },
             Some(io) => WorldError::io(&path, io),
         })
+    }
+}
+
+/// How long a waiter lets a stopped holder (a ptrace stop: CRIU's freeze, a plugin that stops
+/// a restore thread between calls; or SIGSTOP) keep the state lock before it breaks it. A
+/// thread of a CUDA process is stopped at arbitrary points, also inside an update; the real
+/// driver's locks are per process, so another process's call never waits for it there, and
+/// in the mock it must not either (the caller is often the very process that would resume the
+/// holder). A broken lock's holder finds out before it stores (the lock file it holds is no
+/// longer the world's) and starts its update again; the gap between that check and its
+/// rename is a few microseconds, the one window the model leaves open.
+pub const LOCK_BREAK_AFTER: Duration = Duration::from_millis(300);
+
+/// The world's state lock, held: an exclusive `flock(2)` on `state.lock`, which also names
+/// its holder (`<pid> <tid>`) for waiters.
+struct StateLock {
+    file: nix::fcntl::Flock<std::fs::File>,
+    path: std::path::PathBuf,
+}
+
+impl StateLock {
+    fn acquire(
+        path: &Path,
+        deadline: Instant,
+        log: impl Fn(&str),
+    ) -> Result<StateLock, Option<std::io::Error>> {
+        use nix::fcntl::{Flock, FlockArg};
+        use std::os::unix::fs::FileExt;
+        // Since when the holder seen (by tid) has been stopped.
+        let mut stopped_since: Option<(String, Instant)> = None;
+        let mut next_look = Instant::now() + Duration::from_millis(50);
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(Some)?;
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(l) => {
+                    let held = StateLock {
+                        file: l,
+                        path: path.to_path_buf(),
+                    };
+                    // A lock on a file a waiter has since unlinked (broken) is no lock.
+                    if !held.still_held() {
+                        continue;
+                    }
+                    let me = format!("{} {}\n", std::process::id(), nix::unistd::gettid());
+                    let _ = held.file.set_len(0);
+                    let _ = held.file.write_all_at(me.as_bytes(), 0);
+                    return Ok(held);
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {}
+                Err((_, e)) => return Err(Some(std::io::Error::from(e))),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(None);
+            }
+            // The holder is looked at every 50 ms, not on every try: 32 waiters reading /proc
+            // at once would starve the holder they wait for.
+            if now < next_look {
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            next_look = now + Duration::from_millis(50);
+            let holder = std::fs::read_to_string(path).unwrap_or_default();
+            let ids: Vec<i32> = holder
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            let stopped = match ids[..] {
+                [pid, tid] => crate::sys::stopped(pid, tid),
+                _ => false,
+            };
+            match &stopped_since {
+                Some((h, since)) if stopped && *h == holder => {
+                    if now.duration_since(*since) >= LOCK_BREAK_AFTER {
+                        // Unlinked, the next open makes a new lock file; the holder's is an
+                        // orphan it will notice.
+                        let _ = std::fs::remove_file(path);
+                        log(&format!(
+                            "state lock: broke the lock of thread {} (stopped for {} ms \
+                             holding it)",
+                            holder.trim(),
+                            now.duration_since(*since).as_millis()
+                        ));
+                        stopped_since = None;
+                        continue;
+                    }
+                }
+                _ if stopped => stopped_since = Some((holder, now)),
+                _ => stopped_since = None,
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Whether the file this lock is on is still the world's lock file (no waiter broke it).
+    fn still_held(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(mine), Ok(now)) => mine.ino() == now.ino() && mine.dev() == now.dev(),
+            _ => false,
+        }
     }
 }
 
@@ -303,6 +435,90 @@ mod tests {
 
     fn entry(pid: i32, ns: u64, nspid: i32) -> ProcessEntry {
         test_entry(pid, ns, nspid, CUprocessState::RUNNING)
+    }
+
+    fn small_world() -> (tempfile::TempDir, World) {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = "schema = 1\n[driver]\nbranch = 580\n";
+        std::fs::write(dir.path().join("world.toml"), cfg).unwrap();
+        StateFile::default()
+            .store(&dir.path().join("state.json"))
+            .unwrap();
+        let w = World::open(dir.path()).unwrap();
+        (dir, w)
+    }
+
+    #[test]
+    fn a_holder_stopped_with_the_lock_is_broken_and_the_update_goes_on() {
+        let (_dir, w) = small_world();
+        let lock = w.lock_path();
+        // flock(1) takes the lock and runs sh, which shares its open file, names itself the
+        // holder and stops, as a thread CRIU or the plugin stops inside an update.
+        let script = format!(
+            "echo \"$$ $$\" > '{}'; kill -STOP $$; sleep 60",
+            lock.display()
+        );
+        let mut holder = std::process::Command::new("flock")
+            .arg(&lock)
+            .args(["sh", "-c", &script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("flock(1) (util-linux)");
+        let named = Instant::now() + Duration::from_secs(10);
+        let sh = loop {
+            let text = std::fs::read_to_string(&lock).unwrap_or_default();
+            let pid: Option<i32> = text.split_whitespace().next().and_then(|p| p.parse().ok());
+            if let Some(pid) = pid.filter(|&p| crate::sys::stopped(p, p)) {
+                break pid;
+            }
+            assert!(Instant::now() < named, "the holder never stopped: {text:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let was = w.read_state().unwrap().next_alloc;
+        let start = Instant::now();
+        w.update(|st| st.next_alloc += 1).unwrap();
+        let took = start.elapsed();
+        assert!(
+            took >= LOCK_BREAK_AFTER && took < LOCK_TIMEOUT / 2,
+            "broken after {took:?}"
+        );
+        assert_eq!(w.read_state().unwrap().next_alloc, was + 1);
+        let log = std::fs::read_to_string(w.dir().join(crate::timeouts::ERRORS_FILE)).unwrap();
+        assert!(
+            log.contains(&format!("broke the lock of thread {sh} {sh}")),
+            "{log}"
+        );
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(sh),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
+
+    #[test]
+    fn an_update_whose_lock_was_broken_is_made_again_on_the_state_as_it_is() {
+        let (_dir, w) = small_world();
+        let mut runs = 0;
+        w.update(|st| {
+            runs += 1;
+            if runs == 1 {
+                // What a waiter does to a stopped holder, and another update after it.
+                std::fs::remove_file(w.lock_path()).unwrap();
+                let mut other = StateFile::load(&w.state_path()).unwrap();
+                other.next_alloc = 10;
+                other.store(&w.state_path()).unwrap();
+            }
+            st.next_alloc += 1;
+        })
+        .unwrap();
+        assert_eq!(runs, 2, "made again once");
+        assert_eq!(
+            w.read_state().unwrap().next_alloc,
+            11,
+            "the other update is kept"
+        );
     }
 
     #[test]

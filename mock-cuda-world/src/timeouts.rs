@@ -28,6 +28,12 @@ use std::time::Duration;
 /// The timeout log's file name in the world directory.
 pub const FILE: &str = "timeouts.log";
 
+/// The error log's file name in the world directory: one line per world error (the state or
+/// its lock unreadable, a restore thread that never started) that a mock driver call answered
+/// with `CUDA_ERROR_OPERATING_SYSTEM`, which says nothing of the cause by itself:
+/// `<unix time> <caller> <program> <what failed>: <why>`, appended like the timeout log.
+pub const ERRORS_FILE: &str = "errors.log";
+
 /// What a caller was waiting for when it gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waited {
@@ -145,6 +151,28 @@ impl World {
             .append(true)
             .create(true)
             .open(self.timeouts_path())
+        {
+            let _ = f.write_all(text.as_bytes());
+        }
+    }
+
+    /// Appends `what` (what failed, and why) to the error log ([`ERRORS_FILE`]). Never fails.
+    pub fn log_error(&self, what: &str) {
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let text = format!(
+            "{}.{:03} {} {} {}\n",
+            unix.as_secs(),
+            unix.subsec_millis(),
+            self.caller(),
+            super::trace::program(),
+            what.replace('\n', " ")
+        );
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.join(ERRORS_FILE))
         {
             let _ = f.write_all(text.as_bytes());
         }

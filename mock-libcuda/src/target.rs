@@ -228,6 +228,9 @@ pub fn runtime() -> Option<&'static Arc<Runtime>> {
     RUNTIME.get()
 }
 
+/// How long registration waits for the new restore thread to report its thread id.
+const RESTORE_THREAD_START: Duration = Duration::from_secs(30);
+
 /// Makes the calling process a CUDA process (idempotent): registers it in the world with its
 /// device table, starts the restore thread and takes the GPU handle.
 pub fn ensure_registered(
@@ -272,7 +275,10 @@ pub fn ensure_registered(
     });
     let mailbox = world.mailbox_dir(id);
     let _ = std::fs::remove_dir_all(&mailbox);
-    std::fs::create_dir_all(&mailbox).map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    std::fs::create_dir_all(&mailbox).map_err(|e| {
+        world.log_error(&format!("creating mailbox {}: {e}", mailbox.display()));
+        CUresult::ERROR_OPERATING_SYSTEM
+    })?;
     if std::env::var(MAILBOX_ENV).as_deref() != Ok("poll") {
         // Without a doorbell (it could not be mapped) callers find no bell file and poll.
         if let Ok(bell) = crate::ffi::sys::Bell::map(&mailbox.join(BELL_FILE), true) {
@@ -287,10 +293,19 @@ pub fn ensure_registered(
             let _ = tx.send(crate::ffi::sys::gettid());
             thread_rt.restore_thread_loop();
         })
-        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
-    let tid = rx
-        .recv_timeout(Duration::from_secs(5))
-        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+        .map_err(|e| {
+            world.log_error(&format!("starting the restore thread: {e}"));
+            CUresult::ERROR_OPERATING_SYSTEM
+        })?;
+    // A thread starts in microseconds, but not on a loaded 2-core runner with 32 tasks
+    // registering at once: the bound is for a thread that never runs.
+    let tid = rx.recv_timeout(RESTORE_THREAD_START).map_err(|_| {
+        world.log_error(&format!(
+            "the restore thread did not start within {} s",
+            RESTORE_THREAD_START.as_secs()
+        ));
+        CUresult::ERROR_OPERATING_SYSTEM
+    })?;
     let _ = rt.restore_tid.set(tid);
     let devices: Vec<GpuUuidText> = devices.iter().copied().map(GpuUuidText).collect();
     let host_pid = host_pid_hint(world);
@@ -304,7 +319,7 @@ pub fn ensure_registered(
                     nspid: me.pid,
                     state: CUprocessState::RUNNING.0,
                     restore_tid: tid,
-                    devices,
+                    devices: devices.clone(),
                     contexts: Vec::new(),
                     allocations: Vec::new(),
                     checkpointed: Vec::new(),
@@ -539,7 +554,7 @@ impl Runtime {
                 )
             });
             if stale {
-                st.processes.insert(id, entry);
+                st.processes.insert(id, entry.clone());
             }
         });
     }
@@ -723,7 +738,7 @@ impl Runtime {
             if let Some(e) = st.processes.get_mut(&id) {
                 e.state = state.0;
                 e.custom_storage = custom;
-                e.open_caller = caller;
+                e.open_caller = caller.clone();
             }
         });
         if r.is_ok() {
@@ -836,7 +851,7 @@ impl Runtime {
         world
             .update(|st| {
                 if let Some(e) = st.processes.get_mut(&id) {
-                    e.checkpointed = per_gpu;
+                    e.checkpointed = per_gpu.clone();
                     e.custom_storage = true;
                 }
             })
@@ -1003,7 +1018,7 @@ impl Runtime {
         world
             .update(|st| {
                 if let Some(e) = st.processes.get_mut(&id) {
-                    e.checkpointed = per_gpu;
+                    e.checkpointed = per_gpu.clone();
                 }
             })
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;

@@ -57,6 +57,18 @@ fn world_134(extra: &str) -> TestWorld {
     TestWorld::new(&config(615, extra))
 }
 
+/// Whether every thread of `pid` is in a stop (`T` in its `stat`).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+        state == Some("T")
+    })
+}
+
 fn ok(r: CUresult) {
     assert_eq!(r, CUresult::SUCCESS);
 }
@@ -762,6 +774,15 @@ fn a_stopped_target_times_out_and_a_full_gpu_refuses_the_restore() {
             driver::lock(a, 5000).unwrap();
             let signal = |pid: i32, s| {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s).unwrap();
+                if s == nix::sys::signal::Signal::SIGSTOP {
+                    // kill(2) returns before the group stop reaches every thread: until then
+                    // the restore thread may still take a request.
+                    wait_for(
+                        Duration::from_secs(10),
+                        || all_threads_stopped(pid),
+                        "every thread of the target stopped",
+                    );
+                }
             };
             // The target's restore thread carries the state changes out: stopped, the request
             // times out (request_timeout_ms) and is withdrawn.

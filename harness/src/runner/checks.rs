@@ -347,16 +347,26 @@ impl Exec<'_> {
 /// The timeout log of the world at `world` (`timeouts.log`: the driver requests that gave up on
 /// a target's restore thread, with what `/proc` showed of it), as a section to append to a
 /// failure's text; empty when nothing timed out.
+/// The world's error log (`errors.log`: what the mock answered with
+/// `CUDA_ERROR_OPERATING_SYSTEM`, and why) follows, when it has lines.
 pub(super) fn timeouts_section(world: &Path) -> String {
-    let path = world.join(mock_cuda_world::timeouts::FILE);
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
-    if text.trim().is_empty() {
-        return String::new();
+    let read = |f: &str| std::fs::read_to_string(world.join(f)).unwrap_or_default();
+    let mut out = String::new();
+    let text = read(mock_cuda_world::timeouts::FILE);
+    if !text.trim().is_empty() {
+        out.push_str(&format!(
+            "\n--- the mock world's timeouts.log (requests that gave up on a restore thread):\n{}",
+            text.trim_end()
+        ));
     }
-    format!(
-        "\n--- the mock world's timeouts.log (requests that gave up on a restore thread):\n{}",
-        text.trim_end()
-    )
+    let text = read(mock_cuda_world::timeouts::ERRORS_FILE);
+    if !text.trim().is_empty() {
+        out.push_str(&format!(
+            "\n--- the mock world's errors.log (world errors answered as CUDA_ERROR_OPERATING_SYSTEM):\n{}",
+            text.trim_end()
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -381,5 +391,12 @@ mod tests {
         );
         assert!(text.contains("timeouts.log"), "{text}");
         assert!(text.ends_with(line), "{text}");
+        let errors = "1750000000.200 4250 mock-cuda-app state update: mock world lock \
+                      /w/state.lock: not acquired within 30000 ms";
+        std::fs::write(dir.path().join("errors.log"), format!("{errors}\n")).unwrap();
+        let both = timeouts_section(dir.path());
+        assert!(both.starts_with(&text), "the timeouts first: {both}");
+        assert!(both.contains("errors.log"), "{both}");
+        assert!(both.ends_with(errors), "{both}");
     }
 }
