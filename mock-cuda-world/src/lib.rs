@@ -350,6 +350,13 @@ impl World {
             .unwrap_or(0)
     }
 
+    /// The host pid namespace if a read of the state has already found it, else 0. Never
+    /// reads the state: the error log uses it, and a failed first read logs its error from
+    /// inside [`Self::host_pid_ns`]'s initialisation.
+    pub(crate) fn known_host_pid_ns(&self) -> u64 {
+        self.host_ns.get().copied().flatten().unwrap_or(0)
+    }
+
     /// Whether the caller's `/proc` shows the pids of the world's host: then a pid it finds is
     /// a host pid, and a process of the world it cannot find is gone.
     #[must_use]

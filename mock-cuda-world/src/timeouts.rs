@@ -165,7 +165,7 @@ impl World {
             "{}.{:03} {} {} {}\n",
             unix.as_secs(),
             unix.subsec_millis(),
-            self.caller(),
+            self.caller_in(self.known_host_pid_ns()),
             super::trace::program(),
             what.replace('\n', " ")
         );

@@ -34,7 +34,13 @@ impl World {
     /// How the trace names the calling process (module documentation).
     #[must_use]
     pub fn caller(&self) -> String {
-        let host = self.host_pid_ns();
+        self.caller_in(self.host_pid_ns())
+    }
+
+    /// [`Self::caller`] given the host pid namespace (0 when unknown), for the error log: it
+    /// may be written from inside the first read of the state, which `host_pid_ns` makes, so it
+    /// must not make it again.
+    pub(crate) fn caller_in(&self, host: u64) -> String {
         match crate::pidns::own_identity() {
             Some(me) if host != 0 && me.ns != host => me.to_string(),
             _ => std::process::id().to_string(),
