@@ -326,27 +326,23 @@ impl StateLock {
         deadline: Instant,
         log: impl Fn(&str),
     ) -> Result<StateLock, Option<std::io::Error>> {
-        use nix::fcntl::{Flock, FlockArg};
+        use crate::sys::{open_lock_file, try_flock, LOCK_RETRY};
         use std::os::unix::fs::FileExt;
         // Since when the holder seen (by tid) has been stopped.
         let mut stopped_since: Option<(String, Instant)> = None;
         let mut next_look = Instant::now() + Duration::from_millis(50);
+        let mut file = open_lock_file(path).map_err(Some)?;
         loop {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)
-                .map_err(Some)?;
-            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            match try_flock(file).map_err(Some)? {
                 Ok(l) => {
                     let held = StateLock {
                         file: l,
                         path: path.to_path_buf(),
                     };
-                    // A lock on a file a waiter has since unlinked (broken) is no lock.
+                    // A lock on a file a waiter has since unlinked (broken) is no lock: the
+                    // world's lock file is opened again.
                     if !held.still_held() {
+                        file = open_lock_file(path).map_err(Some)?;
                         continue;
                     }
                     let me = format!("{} {}\n", std::process::id(), nix::unistd::gettid());
@@ -354,8 +350,7 @@ impl StateLock {
                     let _ = held.file.write_all_at(me.as_bytes(), 0);
                     return Ok(held);
                 }
-                Err((_, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {}
-                Err((_, e)) => return Err(Some(std::io::Error::from(e))),
+                Err(f) => file = f,
             }
             let now = Instant::now();
             if now >= deadline {
@@ -364,7 +359,7 @@ impl StateLock {
             // The holder is looked at every 50 ms, not on every try: 32 waiters reading /proc
             // at once would starve the holder they wait for.
             if now < next_look {
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(LOCK_RETRY);
                 continue;
             }
             next_look = now + Duration::from_millis(50);
@@ -380,9 +375,10 @@ impl StateLock {
             match &stopped_since {
                 Some((h, since)) if stopped && *h == holder => {
                     if now.duration_since(*since) >= LOCK_BREAK_AFTER {
-                        // Unlinked, the next open makes a new lock file; the holder's is an
-                        // orphan it will notice.
+                        // Unlinked, the open makes a new lock file; the holder's is an orphan
+                        // it will notice.
                         let _ = std::fs::remove_file(path);
+                        file = open_lock_file(path).map_err(Some)?;
                         log(&format!(
                             "state lock: broke the lock of thread {} (stopped for {} ms \
                              holding it)",
@@ -396,7 +392,7 @@ impl StateLock {
                 _ if stopped => stopped_since = Some((holder, now)),
                 _ => stopped_since = None,
             }
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(LOCK_RETRY);
         }
     }
 

@@ -15,26 +15,42 @@ pub struct FileLock(
 impl FileLock {
     /// Takes the lock, retrying until `deadline`. `Err(None)` means the deadline passed.
     pub fn acquire(path: &Path, deadline: Instant) -> Result<FileLock, Option<std::io::Error>> {
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(Some)?;
+        let mut file = open_lock_file(path).map_err(Some)?;
         loop {
-            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            match try_flock(file).map_err(Some)? {
                 Ok(l) => return Ok(FileLock(l)),
-                Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => {
+                Err(f) => {
                     if Instant::now() >= deadline {
                         return Err(None);
                     }
                     file = f;
-                    std::thread::sleep(Duration::from_micros(200));
+                    std::thread::sleep(LOCK_RETRY);
                 }
-                Err((_, e)) => return Err(Some(std::io::Error::from(e))),
             }
         }
+    }
+}
+
+/// How long a lock waiter sleeps between tries.
+pub(crate) const LOCK_RETRY: Duration = Duration::from_micros(200);
+
+/// Opens (creating it if absent) the lock file at `path`.
+pub(crate) fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+}
+
+/// One try at an exclusive `flock(2)` on `file`: the lock, or the file back when another holds
+/// it (or a signal interrupted the try).
+pub(crate) fn try_flock(file: File) -> std::io::Result<Result<nix::fcntl::Flock<File>, File>> {
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(Ok(l)),
+        Err((f, nix::errno::Errno::EWOULDBLOCK | nix::errno::Errno::EINTR)) => Ok(Err(f)),
+        Err((_, e)) => Err(std::io::Error::from(e)),
     }
 }
 
