@@ -144,7 +144,8 @@ pub fn run(
 ) -> Vec<Run> {
     let space = space();
     let cases: Vec<Case> = runs.iter().map(|&i| draw(&space, seed, i)).collect();
-    sweep::run_all(&cases, art, jobs, progress)
+    // One pool: the soak's load stays the one its figures and known races were measured under.
+    sweep::run_all(&cases, art, jobs, 0, progress)
         .into_iter()
         .zip(runs)
         .map(|(result, &run)| Run { run, result })

@@ -10,7 +10,8 @@
 //!
 //! It needs root (the container-shaped cases start trees in new pid and mount namespaces): run
 //! by another user it is listed as ignored, with the reason. `CRIU_CUDA_SWEEP_JOBS` sets how
-//! many cases run at a time (default: `harness::runner::default_jobs`, twice the cores).
+//! many cases run at a time (default: `harness::runner::default_jobs`, twice the cores), and as
+//! many again of those that wait out a delay or a hang run beside them.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -34,7 +35,7 @@ fn fault_sweep_keeps_every_invariant() -> Result<(), Failed> {
         .and_then(|j| j.parse().ok())
         .unwrap_or_else(runner::default_jobs);
     let started = std::time::Instant::now();
-    let results = sweep::run_all(&cases, &art, jobs, &|r| {
+    let results = sweep::run_all(&cases, &art, jobs, jobs, &|r| {
         if sweep::is_failure(r) {
             eprintln!(
                 "{} {} {} {} {}: {}\n  repro: {}\n{}",

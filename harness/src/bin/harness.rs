@@ -13,7 +13,7 @@
 //! corpus: `harness run --results FILE` writes it) and CRIU's C plugins, and writes or checks it
 //! (`harness::conformance`).
 //!
-//! `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]` runs the fault sweep
+//! `harness sweep [--full] [-j N] [--waiting-jobs N] [--only FILTER] [--out FILE]` runs the fault sweep
 //! (`harness::sweep`) and prints its table: call, fault, phase, task, host, tree, outcome, check.
 
 use std::ffi::OsString;
@@ -504,6 +504,10 @@ struct SweepArgs {
     /// Cases at a time (default: twice the cores, 2 to 8; they mostly wait).
     #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = runner::default_jobs())]
     jobs: usize,
+    /// Cases that wait out a delay or a hang at a time, beside the others (default: as many as
+    /// --jobs; 0 runs them with the others).
+    #[arg(long = "waiting-jobs", value_name = "N")]
+    waiting_jobs: Option<usize>,
     /// Only the cases whose key (`call|fault|phase|task|host|tree|mode`) contains FILTER.
     #[arg(long, value_name = "FILTER")]
     only: Option<String>,
@@ -518,12 +522,13 @@ struct SweepArgs {
     print: bool,
 }
 
-/// `harness sweep [--full] [-j N] [--only FILTER] [--out FILE]`: the fault sweep.
+/// `harness sweep [--full] [-j N] [--waiting-jobs N] [--only FILTER] [--out FILE]`: the fault sweep.
 fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
     use harness::sweep;
     let SweepArgs {
         full,
         jobs,
+        waiting_jobs,
         only,
         out,
         list,
@@ -552,7 +557,7 @@ fn run_sweep(args: &[OsString]) -> Result<ExitCode> {
     let total = cases.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let started = std::time::Instant::now();
-    let results = sweep::run_all(&cases, &art, jobs, &|r| {
+    let results = sweep::run_all(&cases, &art, jobs, waiting_jobs.unwrap_or(jobs), &|r| {
         let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         eprintln!(
             "[{n}/{total}] {:.1}s {} {} {} {} {}: {} [{}]",
