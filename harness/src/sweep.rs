@@ -958,9 +958,10 @@ pub fn run_case(case: &Case, art: &Artifacts) -> CaseResult {
 }
 
 /// Runs `cases`, `jobs` at a time, and beside them, on `waiting_jobs` workers of their own, the
-/// cases that mostly wait (a delay or a hang: [`Fault::waits`]; with `waiting_jobs` 0 they join
-/// the others). `progress` is called with each result as it completes. Every case runs once: a
-/// case that fails its invariants fails the sweep. Returns the results in case order.
+/// cases that mostly wait (a delay or a hang, with a margin of a second or more; with
+/// `waiting_jobs` 0 they join the others). `progress` is called with each result as it
+/// completes. Every case runs once: a case that fails its invariants fails the sweep. Returns
+/// the results in case order.
 ///
 /// The waiting cases took half the sweep's time on a 2-core machine while using a tenth of its
 /// CPU; beside the quick cases they no longer add to its length. The freeze-alarm cases stay
