@@ -133,19 +133,20 @@ impl Run {
     }
 }
 
-/// Runs `runs` (run numbers) under `seed`, `jobs` at a time; `progress` sees each case's result
-/// as it ends. Returns the runs in the order given.
+/// Runs `runs` (run numbers) under `seed`, `jobs` at a time and, beside them, `waiting_jobs` of
+/// those that wait out a stall (as [`sweep::run_all`]); `progress` sees each case's result as it
+/// ends. Returns the runs in the order given.
 pub fn run(
     runs: &[u64],
     seed: u64,
     art: &Artifacts,
     jobs: usize,
+    waiting_jobs: usize,
     progress: &(dyn Fn(&CaseResult) + Sync),
 ) -> Vec<Run> {
     let space = space();
     let cases: Vec<Case> = runs.iter().map(|&i| draw(&space, seed, i)).collect();
-    // One pool: the soak's load stays the one its figures and known races were measured under.
-    sweep::run_all(&cases, art, jobs, 0, progress)
+    sweep::run_all(&cases, art, jobs, waiting_jobs, progress)
         .into_iter()
         .zip(runs)
         .map(|(result, &run)| Run { run, result })

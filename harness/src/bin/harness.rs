@@ -422,9 +422,13 @@ struct SoakArgs {
     /// Runs at a time (default: twice the cores, 2 to 8; they mostly wait).
     #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = runner::default_jobs())]
     jobs: usize,
+    /// Runs that wait out a stall at a time, beside the others (default: as many as --jobs; 0
+    /// runs them with the others).
+    #[arg(long = "waiting-jobs", value_name = "N")]
+    waiting_jobs: Option<usize>,
 }
 
-/// `harness soak [--runs N] [--seed S] [--run I] [-j N]`: the chaos soak.
+/// `harness soak [--runs N] [--seed S] [--run I] [-j N] [--waiting-jobs N]`: the chaos soak.
 fn run_soak(args: &[OsString]) -> Result<ExitCode> {
     use harness::soak;
     let a = SoakArgs::parse_from(
@@ -441,15 +445,17 @@ fn run_soak(args: &[OsString]) -> Result<ExitCode> {
     };
     let art = artifacts_as_subreaper()?;
     eprintln!(
-        "soak: seed {seed}, {} run(s) of {} cases, {} at a time",
+        "soak: seed {seed}, {} run(s) of {} cases, {} at a time and {} waiting ones beside them",
         runs.len(),
         soak::space().len(),
-        a.jobs
+        a.jobs,
+        a.waiting_jobs.unwrap_or(a.jobs)
     );
     let started = std::time::Instant::now();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let total = runs.len();
-    let results = soak::run(&runs, seed, &art, a.jobs, &|r| {
+    let waiting_jobs = a.waiting_jobs.unwrap_or(a.jobs);
+    let results = soak::run(&runs, seed, &art, a.jobs, waiting_jobs, &|r| {
         let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         eprintln!(
             "[{n}/{total}] {:.1}s {}: {}",
