@@ -5,9 +5,10 @@
 //! on each. When CRIU ends without the plugin's last word (or, after a successful dump, leaves a
 //! task running that it should have killed or left stopped), the guardian:
 //!
-//! 1. waits for driver calls still in flight in the helper, each at most until CRIU would have
-//!    given up on it ([`INFLIGHT_GRACE`] more), since a checkpoint still copying must not race a
-//!    restore;
+//! 1. waits for driver calls still in flight in the helper as the helper told to finish does
+//!    (`server::late_end`: each as long again as CRIU waited for it, at least 5 s), since a
+//!    checkpoint still copying must not race a restore, and a call that lands late is put back
+//!    by its own thread (`put_back_late`), which the helper's exit must not cut off;
 //! 2. for each task, checks it is the same process (pid and start time), waits at most
 //!    [`UNTRACE_LIMIT`] (for all tasks together) until it is no longer ptraced (the kernel
 //!    detaches the tree when CRIU exits), and skips one that is stopped (`T`): its restore
@@ -27,7 +28,7 @@
 //! last hook, and tell the plugin nothing.
 
 use super::proto::{FinishMode, GuardBackend, GuardConfig, GuardStage, ToAgent, Tracked};
-use super::server::{loaded, Driver, InFlight};
+use super::server::{late_end, loaded, Driver, InFlight};
 use crate::backend::cli::{Cli, ProcessRunner};
 use crate::backend::driver::{DriverApi, LocalExec};
 use crate::backend::{Backend, GpuPair, Pid};
@@ -44,8 +45,6 @@ use std::time::{Duration, Instant};
 pub const LOG_FILE: &str = "cuda-plugin-guardian.log";
 /// How long the guardian waits, for all tasks together, for the kernel to untrace them.
 pub const UNTRACE_LIMIT: Duration = Duration::from_secs(10);
-/// How much longer than CRIU would have waited the guardian waits for a call in flight.
-pub const INFLIGHT_GRACE: Duration = Duration::from_secs(1);
 /// The per-operation limit when the plugin ran without one (`timeout=0`).
 pub const DEFAULT_OP_LIMIT: Duration = Duration::from_secs(60);
 /// The bytes a copy's deadline assumes when the task's own are unknown (more than any GPU holds
@@ -404,22 +403,14 @@ fn wait_inflight(inflight: &InFlight, log: &mut Log) {
     let started = Instant::now();
     let mut logged = false;
     loop {
-        let latest = {
-            let m = inflight.lock().unwrap_or_else(PoisonError::into_inner);
-            if m.is_empty() {
-                return;
-            }
-            // A call CRIU waited for without a deadline: wait as long as the longest bound.
-            m.values()
-                .map(|d| {
-                    d.map_or(started + DEFAULT_OP_LIMIT, |(until, _)| {
-                        until + INFLIGHT_GRACE
-                    })
-                })
-                .max()
-                .unwrap_or(started)
-        };
-        if Instant::now() >= latest {
+        if inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+        {
+            return;
+        }
+        if Instant::now() >= late_end(inflight, started) {
             log.line(
                 true,
                 "a driver call of the plugin is still blocked after its deadline; going on \
