@@ -67,28 +67,6 @@ fn all_back(outcome: &str) -> bool {
         .all(|(_, st)| matches!(st, "running" | "gone" | "dead" | "none" | "exited"))
 }
 
-/// Bad days the soak found that still leave a task changed some of the time, with why; such a
-/// run is reported (`known: …`) but does not fail the soak. Each is a race between a call that
-/// ends after CRIU gave up on it and CRIU letting go of the task: the helper's put-back (see
-/// `plugin/src/agent/server.rs`, `put_back_late`) sometimes finds the task still held.
-#[must_use]
-pub fn known(c: &Case) -> Option<&'static str> {
-    let late_rollback_restore = c.call == "cuCheckpointProcessRestore"
-        && c.phase == sweep::Phase::Rollback
-        && matches!(c.fault, Fault::Delay(_));
-    let late_parallel_checkpoint = c.call == "cuCheckpointProcessCheckpoint"
-        && c.phase == sweep::Phase::Dump
-        && c.parallel
-        && c.fault == Fault::HangFile;
-    if late_rollback_restore {
-        Some("a rollback's restore landing after CRIU gave up on it leaves the task LOCKED about half the time (the helper's unlock races CRIU's release of the task)")
-    } else if late_parallel_checkpoint {
-        Some("a parallel checkpoint released after CRIU gave up on it leaves the task LOCKED about a third of the time (its late landing races the rollback's unlock)")
-    } else {
-        None
-    }
-}
-
 /// One run's result.
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -102,15 +80,6 @@ impl Run {
     /// left changed although it reported it.
     #[must_use]
     pub fn failure(&self) -> Option<String> {
-        if known(&self.result.case).is_some() {
-            return None;
-        }
-        self.violation()
-    }
-
-    /// What went wrong, known or not.
-    #[must_use]
-    pub fn violation(&self) -> Option<String> {
         let r = &self.result;
         if sweep::is_failure(r) {
             return Some(sweep::check_text(r));
@@ -156,22 +125,18 @@ pub fn run(
 /// The soak's figures: runs and failures per kind, and the whole time.
 #[must_use]
 pub fn figures(runs: &[Run], secs: f64) -> String {
-    let mut per: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
+    let mut per: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for r in runs {
         let k = kind(&r.result.case).unwrap_or("other");
         let e = per.entry(k).or_default();
         e.0 += 1;
         if r.failure().is_some() {
             e.1 += 1;
-        } else if r.violation().is_some() {
-            e.2 += 1;
         }
     }
     let mut out = String::new();
-    for (k, (n, f, kn)) in &per {
-        out.push_str(&format!(
-            "  {k:<15} {n:>5} run(s), {f} failed, {kn} known race(s) hit\n"
-        ));
+    for (k, (n, f)) in &per {
+        out.push_str(&format!("  {k:<15} {n:>5} run(s), {f} failed\n"));
     }
     let failed: usize = per.values().map(|v| v.1).sum();
     out.push_str(&format!(

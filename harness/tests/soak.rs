@@ -2,7 +2,7 @@
 //! with `CRIU_CUDA_FULL=1`, the nightly run) drawn from `CRIU_CUDA_SOAK_SEED` (default 1205, so
 //! that CI draws the same runs every time; a long soak takes any seed: `harness soak --runs 5000
 //! --seed S`). Every run must keep its invariants; a failing run prints the command that
-//! replays it. Runs that hit a known race ([`harness::soak::known`]) are listed, not failed.
+//! replays it.
 //!
 //! It needs root (the container-shaped runs start trees in new pid and mount namespaces): run
 //! by another user it is listed as ignored, with the reason.

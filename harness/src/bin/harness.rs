@@ -466,14 +466,6 @@ fn run_soak(args: &[OsString]) -> Result<ExitCode> {
     });
     let mut failed = 0;
     for r in &results {
-        if let (None, Some(why)) = (r.failure(), r.violation()) {
-            eprintln!(
-                "known: run {} (seed {seed}): {}: {why} ({})",
-                r.run,
-                r.result.case.key(),
-                soak::known(&r.result.case).unwrap_or_default()
-            );
-        }
         if let Some(why) = r.failure() {
             failed += 1;
             eprintln!(
