@@ -6,7 +6,7 @@
 //! task running that it should have killed or left stopped), the guardian:
 //!
 //! 1. waits for driver calls still in flight in the helper as the helper told to finish does
-//!    (`server::late_end`: each as long again as CRIU waited for it, at least 5 s), since a
+//!    (`server::wait_late_calls`: each as long again as CRIU waited for it, at least 5 s), since a
 //!    checkpoint still copying must not race a restore, and a call that lands late is put back
 //!    by its own thread (`put_back_late`), which the helper's exit must not cut off;
 //! 2. for each task, checks it is the same process (pid and start time), waits at most
@@ -28,7 +28,7 @@
 //! last hook, and tell the plugin nothing.
 
 use super::proto::{FinishMode, GuardBackend, GuardConfig, GuardStage, ToAgent, Tracked};
-use super::server::{late_end, loaded, Driver, InFlight};
+use super::server::{loaded, wait_late_calls, Driver, InFlight};
 use crate::backend::cli::{Cli, ProcessRunner};
 use crate::backend::driver::{DriverApi, LocalExec};
 use crate::backend::{Backend, GpuPair, Pid};
@@ -400,29 +400,19 @@ fn wait_untraced(pid: Pid, by: Instant) -> bool {
 }
 
 fn wait_inflight(inflight: &InFlight, log: &mut Log) {
-    let started = Instant::now();
-    let mut logged = false;
-    loop {
-        if inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
-        {
-            return;
-        }
-        if Instant::now() >= late_end(inflight, started) {
-            log.line(
-                true,
-                "a driver call of the plugin is still blocked after its deadline; going on \
-                 without it",
-            );
-            return;
-        }
-        if !logged {
-            log.line(false, "waiting for driver calls still in flight");
-            logged = true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    if inflight
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .is_empty()
+    {
+        return;
+    }
+    log.line(false, "waiting for driver calls still in flight");
+    if !wait_late_calls(inflight) {
+        log.line(
+            true,
+            "a driver call of the plugin is still blocked after its deadline; going on without it",
+        );
     }
 }
 

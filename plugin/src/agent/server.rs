@@ -193,24 +193,32 @@ fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
         return 0;
     }
     chan.shutdown();
-    let end = late_end(inflight, Instant::now());
-    while !lock(inflight).is_empty() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_late_calls(inflight);
     0
 }
 
-/// Until when the helper waits, from `now`, for the calls in flight to end (and a late one to
-/// be put back): each call as long again as CRIU waited for it, at least [`LATE_FLOOR`] (a lock
+/// Waits for the calls in flight to end (a late one is put back by its own thread before it
+/// leaves the set): each as long again as CRIU waited for it, at least [`LATE_FLOOR`] (a lock
 /// cut at 1 s gets another 5), one without a deadline the whole bound; never past
-/// [`LATE_LIMIT`]. The helper told to finish and the guardian after CRIU has gone wait alike.
-pub(crate) fn late_end(inflight: &InFlight, now: Instant) -> Instant {
-    lock(inflight)
+/// [`LATE_LIMIT`]. Whether they all ended. The helper told to finish and the guardian after
+/// CRIU has gone wait alike.
+pub(crate) fn wait_late_calls(inflight: &InFlight) -> bool {
+    let now = Instant::now();
+    let end = lock(inflight)
         .values()
         .map(|u| u.map_or(now + LATE_LIMIT, |(until, d)| until + d.max(LATE_FLOOR)))
         .max()
         .unwrap_or(now)
-        .min(now + LATE_LIMIT)
+        .min(now + LATE_LIMIT);
+    loop {
+        if lock(inflight).is_empty() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A call CRIU gave up on has ended. At dump (the task's dump-start state is in
