@@ -444,17 +444,16 @@ fn run_soak(args: &[OsString]) -> Result<ExitCode> {
         None => (0..a.runs).collect(),
     };
     let art = artifacts_as_subreaper()?;
+    let waiting_jobs = a.waiting_jobs.unwrap_or(a.jobs);
     eprintln!(
-        "soak: seed {seed}, {} run(s) of {} cases, {} at a time and {} waiting ones beside them",
+        "soak: seed {seed}, {} run(s) of {} cases, {} at a time and {waiting_jobs} waiting ones beside them",
         runs.len(),
         soak::space().len(),
         a.jobs,
-        a.waiting_jobs.unwrap_or(a.jobs)
     );
     let started = std::time::Instant::now();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let total = runs.len();
-    let waiting_jobs = a.waiting_jobs.unwrap_or(a.jobs);
     let results = soak::run(&runs, seed, &art, a.jobs, waiting_jobs, &|r| {
         let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         eprintln!(
