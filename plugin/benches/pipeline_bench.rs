@@ -4,9 +4,10 @@
 //!
 //! The "device" is memory in this process: its copies are `memcpy` at `sync`, as a stream's
 //! are. Each round writes `--mib` MiB of pseudo-random bytes with `dd_write`, then
-//! [`dump_gpu`], then reads the `dd` file back, then [`verify_file`] + [`restore_gpu`] (what the
-//! copier does per file at restore), dropping the page cache before every read. The restored
-//! bytes are compared with the device's.
+//! reads it back, then, for each `--buffers` count (default 2 and 3: the copier uses 3),
+//! [`dump_gpu`], then [`verify_file`] + [`restore_gpu`] (what the copier does per file at
+//! restore), dropping the page cache before every read. The restored bytes are
+//! compared with the device's.
 //!
 //! ```text
 //! cargo bench -p cuda-plugin --bench pipeline_bench -- --rounds 3 --mib 1024 --dir /tmp
@@ -15,6 +16,7 @@
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does nothing: it writes GiBs.
 
 use clap::Parser;
+use cuda_plugin::cstore::format::ALIGN;
 use cuda_plugin::cstore::pipeline::{
     dump_gpu, open_for_dump, open_for_restore, restore_gpu, verify_file, AlignedBuf, DeviceCopy,
     DeviceError, DumpOptions, Expected, Identity, RestoreOptions,
@@ -42,6 +44,11 @@ struct Opts {
     /// Restore through the page cache with read-ahead.
     #[arg(long)]
     buffered: bool,
+    /// The staging buffers, each count dumped and restored in turn every round (the copier uses
+    /// 3: a chunk read or written while the one before is checked and the one before that
+    /// copied; with 2 the file side waits for each copy).
+    #[arg(long, value_delimiter = ',', default_value = "2,3")]
+    buffers: Vec<usize>,
     #[arg(long, hide = true)]
     list: bool,
     #[arg(long, hide = true)]
@@ -53,36 +60,71 @@ struct Opts {
 /// Memory standing for a GPU; copies run at `sync`.
 struct MemDev {
     mem: Vec<u8>,
-    bufs: [AlignedBuf; 2],
-    pending: Vec<(bool, u64, usize, usize)>,
+    bufs: Vec<AlignedBuf>,
+    pending: Vec<(bool, u64, u64, usize, AlignedBuf)>,
+}
+
+/// An [`AlignedBuf`] as the pipeline's staging buffer.
+struct Buf(AlignedBuf);
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+impl AsMut<[u8]> for Buf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+}
+
+impl MemDev {
+    /// `count` buffers of a chunk and one frame block, as the copier's.
+    fn lend(&mut self, chunk: usize, count: usize) {
+        self.bufs = (0..count).map(|_| AlignedBuf::new(chunk + ALIGN)).collect();
+    }
 }
 
 impl DeviceCopy for MemDev {
+    type Buf = Buf;
     fn size(&self) -> u64 {
         self.mem.len() as u64
     }
-    fn buffer(&mut self, which: usize) -> &mut [u8] {
-        self.bufs[which].as_mut_slice()
+    fn take_buffers(&mut self) -> Vec<Buf> {
+        self.bufs.drain(..).map(Buf).collect()
     }
-    fn enqueue_to_host(&mut self, off: u64, which: usize, len: usize) -> Result<(), DeviceError> {
-        self.pending.push((true, off, which, len));
+    fn enqueue_to_host(&mut self, off: u64, buf: Buf, len: usize) -> Result<(), DeviceError> {
+        self.pending.push((true, off, len as u64, len, buf.0));
         Ok(())
     }
-    fn enqueue_to_device(&mut self, which: usize, off: u64, len: usize) -> Result<(), DeviceError> {
-        self.pending.push((false, off, which, len));
+    fn enqueue_to_device(
+        &mut self,
+        buf: Buf,
+        off: u64,
+        len: u64,
+        piece: usize,
+    ) -> Result<(), DeviceError> {
+        self.pending.push((false, off, len, piece, buf.0));
         Ok(())
     }
-    fn sync(&mut self) -> Result<(), DeviceError> {
-        for (to_host, off, which, len) in self.pending.drain(..) {
-            let d = &mut self.mem[off as usize..off as usize + len];
-            let b = &mut self.bufs[which].as_mut_slice()[..len];
-            if to_host {
-                b.copy_from_slice(d);
-            } else {
-                d.copy_from_slice(b);
+    fn sync(&mut self) -> Result<Vec<Buf>, DeviceError> {
+        let mut back = Vec::new();
+        for (to_host, off, len, piece, mut buf) in self.pending.drain(..) {
+            let b = buf.as_mut_slice();
+            let (mut o, end) = (off as usize, (off + len) as usize);
+            while o < end {
+                let n = (end - o).min(piece);
+                if to_host {
+                    b[..n].copy_from_slice(&self.mem[o..o + n]);
+                } else {
+                    self.mem[o..o + n].copy_from_slice(&b[..n]);
+                }
+                o += n;
             }
+            back.push(Buf(buf));
         }
-        Ok(())
+        Ok(back)
     }
 }
 
@@ -110,7 +152,9 @@ fn rate(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs / 1e6
 }
 
-fn round(o: &Opts, dev: &mut MemDev, want: &[u8]) -> [f64; 4] {
+/// One round: dd's write and read, then a dump and a restore per `--buffers` count (MB/s):
+/// `(dd write, dd read, [(dump, restore)])`.
+fn round(o: &Opts, dev: &mut MemDev, want: &[u8]) -> (f64, f64, Vec<(f64, f64)>) {
     let bytes = o.mib << 20;
     let dd_file = o.dir.join("pipeline-bench-dd.bin");
     let name = "pipeline-bench.img";
@@ -132,19 +176,7 @@ fn round(o: &Opts, dev: &mut MemDev, want: &[u8]) -> [f64; 4] {
         uuid: abi::GpuUuid([1; 16]),
         place: 0,
     };
-    let mut out = open_for_dump(&o.dir, name).expect("create the image file");
-    let t = Instant::now();
-    dump_gpu(
-        dev,
-        &mut out,
-        &id,
-        &DumpOptions {
-            chunk: o.chunk_mib << 20,
-        },
-    )
-    .expect("dump");
-    let dump = t.elapsed().as_secs_f64();
-    drop(out);
+    let chunk = (o.chunk_mib as usize) << 20;
     drop_caches();
     let dd_r = dd(&[
         format!("if={}", dd_file.display()),
@@ -152,8 +184,6 @@ fn round(o: &Opts, dev: &mut MemDev, want: &[u8]) -> [f64; 4] {
         "bs=16M".into(),
         "iflag=direct".into(),
     ]);
-    drop_caches();
-    dev.mem.fill(0);
     let expected = Expected {
         dump_id: id.dump_id,
         pid: id.pid,
@@ -161,37 +191,55 @@ fn round(o: &Opts, dev: &mut MemDev, want: &[u8]) -> [f64; 4] {
         place: id.place,
         size: bytes,
     };
-    let t = Instant::now();
-    let mut f = open_for_restore(&o.dir.join(name)).expect("open the image file");
-    if o.buffered {
-        f = cuda_plugin::cstore::pipeline::ImageFile {
-            file: std::fs::File::open(o.dir.join(name)).expect("open"),
-            path: f.path,
-            direct: false,
-        };
+    let mut rates = Vec::new();
+    for &count in &o.buffers {
+        // The device holds `want` (set by the caller, then by each restore, checked below).
+        let _ = std::fs::remove_file(o.dir.join(name));
+        dev.lend(chunk, count);
+        let mut out = open_for_dump(&o.dir, name).expect("create the image file");
+        let t = Instant::now();
+        dump_gpu(
+            dev,
+            &mut out,
+            &id,
+            &DumpOptions {
+                chunk: o.chunk_mib << 20,
+            },
+        )
+        .expect("dump");
+        let dump = t.elapsed().as_secs_f64();
+        drop(out);
+        drop_caches();
+        dev.mem.fill(0);
+        dev.lend(chunk, count);
+        let t = Instant::now();
+        let mut f = open_for_restore(&o.dir.join(name)).expect("open the image file");
+        if o.buffered {
+            f = cuda_plugin::cstore::pipeline::ImageFile {
+                file: std::fs::File::open(o.dir.join(name)).expect("open"),
+                path: f.path,
+                direct: false,
+            };
+        }
+        verify_file(&mut f, &expected).expect("verify");
+        let verified = t.elapsed().as_secs_f64();
+        restore_gpu(dev, &mut f, &expected, &RestoreOptions::default()).expect("restore");
+        let restore = t.elapsed().as_secs_f64();
+        eprintln!(
+            "  restore, {count} buffers: verify {:.0} ms, copy {:.0} ms (O_DIRECT {})",
+            verified * 1e3,
+            (restore - verified) * 1e3,
+            f.direct
+        );
+        assert!(
+            dev.mem == want,
+            "the restored bytes differ from the dumped ones"
+        );
+        rates.push((rate(bytes, dump), rate(bytes, restore)));
     }
-    verify_file(&mut f, &expected).expect("verify");
-    let verified = t.elapsed().as_secs_f64();
-    restore_gpu(dev, &mut f, &expected, &RestoreOptions::default()).expect("restore");
-    let restore = t.elapsed().as_secs_f64();
-    eprintln!(
-        "  restore: verify {:.0} ms, copy {:.0} ms (O_DIRECT {})",
-        verified * 1e3,
-        (restore - verified) * 1e3,
-        f.direct
-    );
-    assert!(
-        dev.mem == want,
-        "the restored bytes differ from the dumped ones"
-    );
     let _ = std::fs::remove_file(&dd_file);
     let _ = std::fs::remove_file(o.dir.join(name));
-    [
-        rate(bytes, dd_w),
-        rate(bytes, dump),
-        rate(bytes, dd_r),
-        rate(bytes, restore),
-    ]
+    (rate(bytes, dd_w), rate(bytes, dd_r), rates)
 }
 
 fn main() {
@@ -220,38 +268,58 @@ fn main() {
         o.mib,
         t.elapsed().as_secs_f64() * 1e3
     );
-    let chunk = (o.chunk_mib as usize) << 20;
+    assert!(
+        o.buffers.iter().all(|&b| b >= 2),
+        "--buffers: a copy needs at least two"
+    );
     let mut dev = MemDev {
         mem: want.clone(),
-        bufs: [AlignedBuf::new(chunk), AlignedBuf::new(chunk)],
+        bufs: Vec::new(),
         pending: Vec::new(),
     };
     println!(
-        "pipeline_bench: {} MiB random, chunk {} MiB, in {} (MB/s, 1e6 bytes)",
+        "pipeline_bench: {} MiB random, chunk {} MiB, in {} (MB/s, 1e6 bytes); dumps and \
+         restores with {:?} staging buffers",
         o.mib,
         o.chunk_mib,
-        Path::new(&o.dir).display()
+        Path::new(&o.dir).display(),
+        o.buffers
     );
-    println!("round | dd write | dump | dump÷dd | dd read | restore | restore÷dd");
-    let mut ratios = (Vec::new(), Vec::new());
+    let heads: Vec<String> = o
+        .buffers
+        .iter()
+        .map(|b| format!("dump {b} | ÷dd | restore {b} | ÷dd"))
+        .collect();
+    println!("round | dd write | dd read | {}", heads.join(" | "));
+    let mut ratios = vec![(Vec::new(), Vec::new()); o.buffers.len()];
     for r in 1..=o.rounds {
         dev.mem.copy_from_slice(&want);
-        let [dw, d, dr, rs] = round(&o, &mut dev, &want);
-        println!(
-            "{r} | {dw:.0} | {d:.0} | {:.2} | {dr:.0} | {rs:.0} | {:.2}",
-            d / dw,
-            rs / dr
-        );
-        ratios.0.push(d / dw);
-        ratios.1.push(rs / dr);
+        let (dw, dr, rates) = round(&o, &mut dev, &want);
+        let cells: Vec<String> = rates
+            .iter()
+            .map(|(d, rs)| format!("{d:.0} | {:.2} | {rs:.0} | {:.2}", d / dw, rs / dr))
+            .collect();
+        println!("{r} | {dw:.0} | {dr:.0} | {}", cells.join(" | "));
+        for (v, (d, rs)) in ratios.iter_mut().zip(&rates) {
+            v.0.push(d / dw);
+            v.1.push(rs / dr);
+        }
     }
     let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    println!(
-        "median: dump÷dd {:.2}, restore÷dd {:.2}",
-        med(&mut ratios.0),
-        med(&mut ratios.1)
-    );
+    let medians: Vec<String> = o
+        .buffers
+        .iter()
+        .zip(&mut ratios)
+        .map(|(b, (d, rs))| {
+            format!(
+                "{b} buffers: dump÷dd {:.2}, restore÷dd {:.2}",
+                med(d),
+                med(rs)
+            )
+        })
+        .collect();
+    println!("median: {}", medians.join("; "));
 }

@@ -15,10 +15,15 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// The staging chunk: each GPU of a job holds two pinned buffers of this size. 16 MiB keeps
-/// the per-call overhead of the copies and writes under 1 % at tens of GB/s while eight GPUs'
-/// buffers stay within 256 MiB of pinned memory.
+/// The staging chunk: each GPU of a job holds [`BUFFERS`] pinned buffers of this size. 16 MiB
+/// keeps the per-call overhead of the copies and writes under 1 % at tens of GB/s while eight
+/// GPUs' buffers stay within 384 MiB of pinned memory.
 pub const CHUNK: u32 = 16 << 20;
+
+/// Staging buffers per GPU: at a dump one copied into from the GPU, one framed and checksummed,
+/// one written (the pipeline's writer thread); at a restore one read into (its reader thread),
+/// one checked, one copied to the GPU.
+const BUFFERS: usize = 3;
 
 /// `e`'s message with the files named as in the image directory (the copier reaches that
 /// directory as `/proc/self/fd/N`, which says nothing to whoever reads CRIU's log).
@@ -68,44 +73,71 @@ pub fn run(job: &CustomJob, dir: Option<RawFd>) -> Result<Vec<CustomGpu>, String
 struct Device<'a> {
     api: &'a CsApi,
     entry: DeviceEntry,
-    bufs: [Pinned; 2],
+    /// The staging buffers not yet handed to the pipeline.
+    bufs: Vec<Pinned>,
+    /// The buffers of the copies enqueued since the last synchronization: the stream may still
+    /// read or write them, so they are handed back (or freed) only after it is synchronized.
+    held: Vec<Pinned>,
 }
 
 impl DeviceCopy for Device<'_> {
+    type Buf = Pinned;
+
     fn size(&self) -> u64 {
         self.entry.size
     }
 
-    fn buffer(&mut self, which: usize) -> &mut [u8] {
-        self.bufs[which].as_mut_slice()
+    fn take_buffers(&mut self) -> Vec<Pinned> {
+        std::mem::take(&mut self.bufs)
     }
 
-    fn enqueue_to_host(&mut self, off: u64, which: usize, len: usize) -> Result<(), DeviceError> {
+    fn enqueue_to_host(
+        &mut self,
+        off: u64,
+        mut buf: Pinned,
+        len: usize,
+    ) -> Result<(), DeviceError> {
         let (api, entry) = (self.api, self.entry);
-        api.to_host(
-            &mut self.bufs[which],
-            0,
-            entry.dev_ptr + off,
-            len,
-            entry.stream,
-        )
-        .map_err(device_error)
+        let r = api.to_host(&mut buf, 0, entry.dev_ptr + off, len, entry.stream);
+        // Moving the handle leaves the memory where it is.
+        self.held.push(buf);
+        r.map_err(device_error)
     }
 
-    fn enqueue_to_device(&mut self, which: usize, off: u64, len: usize) -> Result<(), DeviceError> {
-        self.api
-            .to_device(
-                &self.bufs[which],
-                0,
-                self.entry.dev_ptr + off,
-                len,
-                self.entry.stream,
-            )
-            .map_err(device_error)
+    fn enqueue_to_device(
+        &mut self,
+        buf: Pinned,
+        off: u64,
+        len: u64,
+        piece: usize,
+    ) -> Result<(), DeviceError> {
+        let (api, entry) = (self.api, self.entry);
+        // A fill run longer than a chunk is the same buffer copied again.
+        let mut o = off;
+        let mut r = Ok(());
+        while o < off + len && r.is_ok() {
+            let n = (off + len - o).min(piece as u64) as usize;
+            r = api.to_device(&buf, 0, entry.dev_ptr + o, n, entry.stream);
+            o += n as u64;
+        }
+        self.held.push(buf);
+        r.map_err(device_error)
     }
 
-    fn sync(&mut self) -> Result<(), DeviceError> {
-        self.api.sync(self.entry.stream).map_err(device_error)
+    fn sync(&mut self) -> Result<Vec<Pinned>, DeviceError> {
+        self.api.sync(self.entry.stream).map_err(device_error)?;
+        Ok(std::mem::take(&mut self.held))
+    }
+}
+
+impl Drop for Device<'_> {
+    /// A pipeline that failed may leave copies in flight: their buffers are freed only after
+    /// the stream has finished with them (whatever the synchronization returns, the stream no
+    /// longer uses them).
+    fn drop(&mut self) {
+        if !self.held.is_empty() {
+            let _ = self.api.sync(self.entry.stream);
+        }
     }
 }
 
@@ -116,16 +148,17 @@ fn device_error(e: crate::ffi::cstore::CallFailed) -> DeviceError {
     }
 }
 
-/// The staging buffers of one GPU: two chunks, or less for a smaller GPU share (at least one
-/// alignment unit), each with one alignment unit more, for the frame block a restore reads
+/// The staging buffers of one GPU: `count` chunks, or less for a smaller GPU share (at least
+/// one alignment unit), each with one alignment unit more, for the frame block a restore reads
 /// with a chunk's data.
-fn buffers(c: &Copier, size: u64) -> Result<([Pinned; 2], u32), String> {
+fn buffers(c: &Copier, size: u64, count: usize) -> Result<(Vec<Pinned>, u32), String> {
     let chunk = u64::from(CHUNK).min(super::format::padded(size).max(super::format::ALIGN64));
     let chunk_u32 = u32::try_from(chunk).unwrap_or(CHUNK);
     let len = usize::try_from(chunk + super::format::ALIGN64).unwrap_or(CHUNK as usize);
-    let a = c.api.host_alloc(len).map_err(|e| e.to_string())?;
-    let b = c.api.host_alloc(len).map_err(|e| e.to_string())?;
-    Ok(([a, b], chunk_u32))
+    let bufs = (0..count)
+        .map(|_| c.api.host_alloc(len).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    Ok((bufs, chunk_u32))
 }
 
 /// Which GPU (ordinal) each entry of `op` is on.
@@ -182,11 +215,12 @@ fn checkpoint(
                 s.spawn(move || -> Result<CustomGpu, String> {
                     let (uuid, ctx) = c.gpus[ord];
                     c.api.set_current(ctx).map_err(|e| e.to_string())?;
-                    let (bufs, chunk) = buffers(c, entry.size)?;
+                    let (bufs, chunk) = buffers(c, entry.size, BUFFERS)?;
                     let mut dev = Device {
                         api: &c.api,
                         entry: *entry,
                         bufs,
+                        held: Vec::new(),
                     };
                     let mut file =
                         pipeline::open_for_dump(path, name).map_err(|e| named(path, &e))?;
@@ -326,11 +360,12 @@ fn restore(c: &Copier, job: &CustomJob, path: &Path) -> Result<Vec<CustomGpu>, S
                 s.spawn(move || -> Result<CustomGpu, String> {
                     let (_, ctx) = c.gpus[ord];
                     c.api.set_current(ctx).map_err(|e| e.to_string())?;
-                    let (bufs, _) = buffers(c, entry.size)?;
+                    let (bufs, _) = buffers(c, entry.size, BUFFERS)?;
                     let mut dev = Device {
                         api: &c.api,
                         entry,
                         bufs,
+                        held: Vec::new(),
                     };
                     let t = Instant::now();
                     let stats = pipeline::restore_gpu(

@@ -6,7 +6,7 @@
 //! | Module | Role |
 //! |---|---|
 //! | [`format`](mod@format) | The file format: frames, their encoding, the strict reading rules. |
-//! | [`pipeline`] | Moving one GPU's bytes between the device and a file, double-buffered, through the [`pipeline::DeviceCopy`] seam. |
+//! | [`pipeline`] | Moving one GPU's bytes between the device and a file, the copies overlapped with the file I/O, through the [`pipeline::DeviceCopy`] seam. |
 //! | [`copier`] | The copier process's side: the driver calls, one thread per GPU, the files of one task. |
 //! | [`client`] | CRIU's side: the copier, the jobs, what each task's operation left for its task image. |
 

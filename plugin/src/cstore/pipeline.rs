@@ -1,5 +1,5 @@
 //! Moving one GPU's bytes between the device and its image file ([`super::format`]),
-//! double-buffered, through the [`DeviceCopy`] seam (the copier implements it with the driver's
+//! with the copies and the file I/O overlapped, through the [`DeviceCopy`] seam (the copier implements it with the driver's
 //! asynchronous copies on the stream the driver handed it).
 //!
 //! - [`dump_gpu`]: while chunk *i* is copied from the device into one staging buffer, chunk
@@ -9,11 +9,17 @@
 //! - [`verify_file`]: the header and the frame structure, reading only the frame blocks and
 //!   seeking over the data: the cheap check a restore runs on every file before it touches any
 //!   task.
-//! - [`restore_gpu`]: while chunk *i* is copied to the device from one buffer, reads chunk
-//!   *i + 1* (and the frame block after it, in the same read) into the other and checks its
-//!   checksum; no chunk is handed to the device before its checksum matched, and the frame
-//!   structure is checked again as it streams. Its caller runs [`verify_file`] on every file
-//!   first (the copier does, for all of a task's files, before it opens the task's restore).
+//! - [`restore_gpu`]: a reader thread reads the frames in order, each data chunk (and the
+//!   frame block after it, in the same read) into a free staging buffer, while the GPU's thread
+//!   checks the chunk before it and the device copies the one before that: with three buffers
+//!   the disk, the checksum and the copy each work on their own chunk. No chunk is handed to
+//!   the device before its checksum matched, and the frame structure is checked again as it
+//!   streams. Its caller runs [`verify_file`] on every file first (the copier does, for all of a
+//!   task's files, before it opens the task's restore).
+//!
+//! The staging buffers move between the pipeline and the device by value ([`DeviceCopy::Buf`]):
+//! a buffer enqueued for a copy belongs to the device until [`DeviceCopy::sync`] hands it back,
+//! so no code can touch or free memory a copy is still using.
 //!
 //! # `O_DIRECT`
 //!
@@ -31,6 +37,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A failed driver call: the function and what it returned.
@@ -45,18 +52,32 @@ pub struct DeviceError {
 
 /// One GPU's side of an open custom-storage operation, as the copier drives it.
 pub trait DeviceCopy {
+    /// A staging buffer (pinned host memory in the copier).
+    type Buf: AsRef<[u8]> + AsMut<[u8]> + Send;
     /// The bytes the driver mapped for this GPU (the per-device `size`).
     fn size(&self) -> u64;
-    /// Staging buffers: two pinned, [`ALIGN`]-aligned buffers (`which` is 0 or 1) of at least
-    /// the chunk size each; a restore reads the next frame block with a chunk's data when a
-    /// buffer has [`ALIGN`] bytes to spare.
-    fn buffer(&mut self, which: usize) -> &mut [u8];
-    /// Enqueues (`cuMemcpyDtoHAsync`) `len` bytes at device offset `off` into buffer `which`.
-    fn enqueue_to_host(&mut self, off: u64, which: usize, len: usize) -> Result<(), DeviceError>;
-    /// Enqueues (`cuMemcpyHtoDAsync`) `len` bytes of buffer `which` to device offset `off`.
-    fn enqueue_to_device(&mut self, which: usize, off: u64, len: usize) -> Result<(), DeviceError>;
-    /// Waits for everything enqueued (`cuStreamSynchronize`).
-    fn sync(&mut self) -> Result<(), DeviceError>;
+    /// Hands over the staging buffers: at least two, each [`ALIGN`]-aligned and of at least the
+    /// chunk size (a restore reads the next frame block with a chunk's data when a buffer has
+    /// [`ALIGN`] bytes to spare, and keeps the disk, the checksum and the copy busy at once
+    /// with three). A second call gets none.
+    fn take_buffers(&mut self) -> Vec<Self::Buf>;
+    /// Enqueues (`cuMemcpyDtoHAsync`) `len` bytes at device offset `off` into `buf`, which is
+    /// the device's until [`DeviceCopy::sync`] hands it back (also when this fails).
+    fn enqueue_to_host(&mut self, off: u64, buf: Self::Buf, len: usize) -> Result<(), DeviceError>;
+    /// Enqueues (`cuMemcpyHtoDAsync`) the device bytes `off..off + len` from `buf[..piece]`,
+    /// copied again for each `piece` bytes (a fill run longer than a chunk; the last copy is
+    /// shorter); `buf` is the device's until [`DeviceCopy::sync`] hands it back (also when this
+    /// fails).
+    fn enqueue_to_device(
+        &mut self,
+        buf: Self::Buf,
+        off: u64,
+        len: u64,
+        piece: usize,
+    ) -> Result<(), DeviceError>;
+    /// Waits for everything enqueued (`cuStreamSynchronize`) and hands back the buffers, in the
+    /// order they were enqueued. After a failure they stay with the device.
+    fn sync(&mut self) -> Result<Vec<Self::Buf>, DeviceError>;
 }
 
 /// A heap buffer whose bytes start at an [`ALIGN`]-aligned address, in safe code: it
@@ -291,6 +312,14 @@ pub enum CsError {
         addr: usize,
         chunk: u32,
     },
+    #[error("{}: the device lent {count} staging buffer(s), a copy needs two", .file.display())]
+    Buffers { file: PathBuf, count: usize },
+    /// The restore's reader thread ended without a result (it panicked).
+    #[error("{}: the reader thread failed", .file.display())]
+    Reader { file: PathBuf },
+    /// The dump's writer thread ended without a result (it panicked).
+    #[error("{}: the writer thread failed", .file.display())]
+    Writer { file: PathBuf },
 }
 
 fn is_no_space(e: &io::Error) -> bool {
@@ -464,19 +493,21 @@ pub fn open_for_restore(path: &Path) -> Result<ImageFile, CsError> {
     })
 }
 
-fn check_buffers<D: DeviceCopy + ?Sized>(
-    dev: &mut D,
-    f: &ImageFile,
-    chunk: u32,
-) -> Result<(), CsError> {
+fn check_buffers<B: AsRef<[u8]>>(bufs: &[B], f: &ImageFile, chunk: u32) -> Result<(), CsError> {
     if !format::valid_chunk(chunk) {
         return Err(CsError::Chunk {
             file: f.path.clone(),
             chunk,
         });
     }
-    for which in 0..2 {
-        let b = dev.buffer(which);
+    if bufs.len() < 2 {
+        return Err(CsError::Buffers {
+            file: f.path.clone(),
+            count: bufs.len(),
+        });
+    }
+    for (which, b) in bufs.iter().enumerate() {
+        let b = b.as_ref();
         let addr = b.as_ptr() as usize;
         if b.len() < chunk as usize || (f.direct && !addr.is_multiple_of(ALIGN)) {
             return Err(CsError::Buffer {
@@ -503,41 +534,56 @@ fn uniform(b: &[u8]) -> Option<u8> {
     same.then_some(first)
 }
 
-/// The file side of a dump: where the next block goes, the frame state, the pending fill run.
-struct Writer<'f> {
-    out: &'f mut ImageFile,
+/// What the GPU's thread hands the writer thread, in file order: a frame block, and a data
+/// frame's bytes (`total` of the buffer, padded) to write after it.
+struct Job<B> {
+    block: Box<format::Block>,
+    data: Option<(B, usize)>,
+}
+
+/// The frame side of a dump, on the GPU's thread: the frame state, the pending fill run, where
+/// the next block goes; the blocks and data go to the writer thread.
+struct Framer<'a, B> {
+    path: &'a Path,
     pos: u64,
-    block: AlignedBuf,
     walker: Walker,
     /// A run of uniform chunks not yet written: its length and value.
     run: Option<(u64, u8)>,
     stats: DumpStats,
+    jobs: mpsc::Sender<Job<B>>,
 }
 
-impl Writer<'_> {
-    fn block(&mut self, b: &format::Block) -> Result<(), CsError> {
-        self.block.as_mut_slice().copy_from_slice(b);
-        let pos = self.pos;
-        self.out.write_at(self.block.as_slice(), pos)?;
-        self.pos += ALIGN64;
-        Ok(())
+impl<B: AsRef<[u8]> + AsMut<[u8]>> Framer<'_, B> {
+    fn format(&self) -> impl FnOnce(FormatError) -> CsError + '_ {
+        let offset = self.pos;
+        move |source| CsError::Format {
+            file: self.path.to_owned(),
+            offset,
+            source,
+        }
     }
 
-    fn flush_run(&mut self) -> Result<(), CsError> {
+    fn send(&mut self, block: Box<format::Block>, data: Option<(B, usize)>) -> Result<(), Stop> {
+        self.pos += ALIGN64 + data.as_ref().map_or(0, |d| d.1 as u64);
+        self.jobs
+            .send(Job { block, data })
+            .map_err(|_| Stop::Writer)
+    }
+
+    fn flush_run(&mut self) -> Result<(), Stop> {
         if let Some((len, value)) = self.run.take() {
-            let (_, b) = self
-                .walker
-                .fill(len, value)
-                .map_err(self.out.format(self.pos))?;
-            self.block(&b)?;
+            let (_, b) = self.walker.fill(len, value).map_err(self.format())?;
+            self.send(b, None)?;
             self.stats.fill_frames += 1;
         }
         Ok(())
     }
 
-    /// Chunk `buf[..len]` (the buffer holds at least `padded(len)` bytes).
-    fn chunk(&mut self, buf: &mut [u8], len: usize) -> Result<(), CsError> {
-        if let Some(v) = uniform(&buf[..len]) {
+    /// Chunk `buf[..len]` (the buffer holds at least `padded(len)` bytes): a uniform chunk
+    /// extends the fill run and its buffer is handed back; a data chunk's buffer goes to the
+    /// writer with its frame block.
+    fn chunk(&mut self, mut buf: B, len: usize) -> Result<Option<B>, Stop> {
+        if let Some(v) = uniform(&buf.as_ref()[..len]) {
             self.run = match self.run {
                 Some((l, rv)) if rv == v => Some((l + len as u64, v)),
                 _ => {
@@ -546,29 +592,75 @@ impl Writer<'_> {
                 }
             };
             self.stats.fill_bytes += len as u64;
-            return Ok(());
+            return Ok(Some(buf));
         }
         self.flush_run()?;
         let total = format::padded(len as u64) as usize;
-        buf[len..total].fill(0);
-        let (_, b) = self
-            .walker
-            .data(len as u64, format::crc(&buf[..len]))
-            .map_err(self.out.format(self.pos))?;
-        self.block(&b)?;
-        let pos = self.pos;
-        self.out.write_at(&buf[..total], pos)?;
-        self.pos += total as u64;
+        let b = buf.as_mut();
+        b[len..total].fill(0);
+        let crc = format::crc(&b[..len]);
+        let (_, block) = self.walker.data(len as u64, crc).map_err(self.format())?;
+        self.send(block, Some((buf, total)))?;
         self.stats.data_bytes += len as u64;
         self.stats.data_frames += 1;
-        Ok(())
+        Ok(None)
     }
+
+    fn device_error(&self, device_offset: u64, source: DeviceError) -> Stop {
+        Stop::Failed(CsError::Device {
+            file: self.path.to_owned(),
+            device_offset,
+            completed: self.walker.covered(),
+            file_bytes: self.pos,
+            source,
+        })
+    }
+}
+
+/// Why the GPU's side of a dump stopped.
+enum Stop {
+    Failed(CsError),
+    /// The writer thread failed (its error is returned).
+    Writer,
+}
+
+impl From<CsError> for Stop {
+    fn from(e: CsError) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+/// The writer thread: writes each job's block and data where the previous one ended and hands
+/// the data buffer back; ends when the jobs do, syncing the file (`fdatasync`), or at the first
+/// error. Returns the file's size.
+fn write_jobs<B: AsRef<[u8]>>(
+    out: &mut ImageFile,
+    jobs: &mpsc::Receiver<Job<B>>,
+    back: &mpsc::Sender<B>,
+) -> Result<u64, CsError> {
+    let mut pos = 0;
+    let mut block = AlignedBuf::new(ALIGN);
+    for job in jobs {
+        block.as_mut_slice().copy_from_slice(&job.block[..]);
+        out.write_at(block.as_slice(), pos)?;
+        pos += ALIGN64;
+        if let Some((buf, total)) = job.data {
+            out.write_at(&buf.as_ref()[..total], pos)?;
+            pos += total as u64;
+            // The GPU's thread is gone only after a failure of its own.
+            let _ = back.send(buf);
+        }
+    }
+    out.file.sync_data().map_err(out.io("fdatasync", pos))?;
+    Ok(pos)
 }
 
 /// Copies the device's bytes into `out` (a new, empty file, see [`open_for_dump`]): the header
 /// from `id`, the device's size and `options.chunk`; data and fill frames; the end frame; then
 /// `fdatasync`. A failure leaves a file without its end frame (which [`verify_file`] refuses
-/// as truncated); a device failure says how far the file got ([`CsError::Device`]).
+/// as truncated); a device failure says how far the file got ([`CsError::Device`]), with
+/// everything before that point written. The file is written on a thread of its own while
+/// this thread copies a chunk and frames the one before it.
 pub fn dump_gpu<D: DeviceCopy + ?Sized>(
     dev: &mut D,
     out: &mut ImageFile,
@@ -577,7 +669,8 @@ pub fn dump_gpu<D: DeviceCopy + ?Sized>(
 ) -> Result<DumpStats, CsError> {
     let started = Instant::now();
     let chunk = options.chunk;
-    check_buffers(dev, out, chunk)?;
+    let free = dev.take_buffers();
+    check_buffers(&free, out, chunk)?;
     let header = Header {
         dump_id: id.dump_id,
         pid: id.pid,
@@ -586,12 +679,47 @@ pub fn dump_gpu<D: DeviceCopy + ?Sized>(
         chunk,
         size: dev.size(),
     };
+    let path = out.path.clone();
+    let (jobs_tx, jobs_rx) = mpsc::channel::<Job<D::Buf>>();
+    let (back_tx, back_rx) = mpsc::channel::<D::Buf>();
+    let file = &mut *out;
+    let (framed, written) = std::thread::scope(|s| {
+        let writer = s.spawn(move || write_jobs(file, &jobs_rx, &back_tx));
+        let framed = frame_chunks(dev, &path, header, free, jobs_tx, &back_rx);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(CsError::Writer { file: path.clone() }));
+        (framed, written)
+    });
+    let mut stats = match (framed, written) {
+        (Err(Stop::Failed(e)), _) | (_, Err(e)) => return Err(e),
+        // The writer stops early only with an error of its own.
+        (Err(Stop::Writer), Ok(_)) => return Err(CsError::Writer { file: path }),
+        (Ok(stats), Ok(file_bytes)) => DumpStats {
+            file_bytes,
+            ..stats
+        },
+    };
+    stats.direct = out.direct;
+    stats.elapsed = started.elapsed();
+    Ok(stats)
+}
+
+/// The GPU's thread of a dump: copies chunk *i* into a free buffer while it frames chunk
+/// *i − 1* for the writer; the buffers come back from the writer (data) or straight away
+/// (uniform chunks). Returns when the end frame is queued (dropping `jobs` ends the writer).
+fn frame_chunks<D: DeviceCopy + ?Sized>(
+    dev: &mut D,
+    path: &Path,
+    header: Header,
+    mut free: Vec<D::Buf>,
+    jobs: mpsc::Sender<Job<D::Buf>>,
+    back: &mpsc::Receiver<D::Buf>,
+) -> Result<DumpStats, Stop> {
     let (hb, hcrc) = header.encode();
-    let direct = out.direct;
-    let mut w = Writer {
-        out,
+    let mut w = Framer {
+        path,
         pos: 0,
-        block: AlignedBuf::new(ALIGN),
         walker: Walker::new(header, hcrc),
         run: None,
         stats: DumpStats {
@@ -602,55 +730,52 @@ pub fn dump_gpu<D: DeviceCopy + ?Sized>(
             data_frames: 0,
             fill_frames: 0,
             elapsed: Duration::ZERO,
-            direct,
+            direct: false,
         },
+        jobs,
     };
-    w.block(&hb)?;
-    let chunk64 = u64::from(chunk);
+    w.send(hb, None)?;
+    let chunk64 = u64::from(header.chunk);
     let n = header.chunks();
-    let mut prev: Option<(usize, usize)> = None;
-    for i in 0..=n {
-        let cur = if i < n {
-            let off = i * chunk64;
-            let len = chunk64.min(header.size - off) as usize;
-            let which = (i % 2) as usize;
-            dev.enqueue_to_host(off, which, len)
-                .map_err(|e| device_error(&w, off, e))?;
-            Some((which, len))
-        } else {
-            None
-        };
-        // The previous chunk, from the other buffer, while this one is copied.
-        if let Some((which, len)) = prev {
-            w.chunk(dev.buffer(which), len)?;
+    // A chunk copied into its buffer, waiting to be framed, and its length.
+    let mut prev: Option<(D::Buf, usize)> = None;
+    let mut copy = || -> Result<(), Stop> {
+        for i in 0..=n {
+            let cur = if i < n {
+                let off = i * chunk64;
+                let len = chunk64.min(header.size - off) as usize;
+                // A free buffer, or the next one the writer is done with.
+                let buf = match free.pop() {
+                    Some(b) => b,
+                    None => back.recv().map_err(|_| Stop::Writer)?,
+                };
+                dev.enqueue_to_host(off, buf, len)
+                    .map_err(|e| w.device_error(off, e))?;
+                Some(len)
+            } else {
+                None
+            };
+            // The previous chunk, from its buffer, while this one is copied.
+            if let Some((buf, len)) = prev.take() {
+                free.extend(w.chunk(buf, len)?);
+            }
+            if let Some(len) = cur {
+                let mut done = dev
+                    .sync()
+                    .map_err(|e| w.device_error(i * chunk64 + len as u64, e))?;
+                let buf = done.pop().ok_or_else(|| CsError::Buffers {
+                    file: path.to_owned(),
+                    count: 0,
+                })?;
+                prev = Some((buf, len));
+            }
         }
-        if let Some((_, len)) = cur {
-            dev.sync()
-                .map_err(|e| device_error(&w, i * chunk64 + len as u64, e))?;
-        }
-        prev = cur;
-    }
-    w.flush_run()?;
-    let (_, end) = w.walker.end().map_err(w.out.format(w.pos))?;
-    w.block(&end)?;
-    w.out
-        .file
-        .sync_data()
-        .map_err(w.out.io("fdatasync", w.pos))?;
-    w.stats.file_bytes = w.pos;
-    w.stats.direct = w.out.direct;
-    w.stats.elapsed = started.elapsed();
+        w.flush_run()?;
+        let (_, end) = w.walker.end().map_err(w.format())?;
+        w.send(end, None)
+    };
+    copy()?;
     Ok(w.stats)
-}
-
-fn device_error(w: &Writer<'_>, device_offset: u64, source: DeviceError) -> CsError {
-    CsError::Device {
-        file: w.out.path.clone(),
-        device_offset,
-        completed: w.walker.covered(),
-        file_bytes: w.pos,
-        source,
-    }
 }
 
 /// Reads a file's frame blocks in order, applying the format's rules.
@@ -785,13 +910,43 @@ pub fn verify_file(f: &mut ImageFile, expected: &Expected) -> Result<Summary, Cs
     Ok(s)
 }
 
-/// One frame's bytes ready in a staging buffer.
-#[derive(Clone, Copy)]
-enum Ready {
-    /// `len` bytes for device offset `off` (data frame or one chunk of fill pattern repeated).
-    Copy { off: u64, len: u64 },
-    /// A zero run the target already holds.
-    Skip,
+/// What the reader thread hands the GPU's thread, in file order.
+enum Piece<B> {
+    /// A data frame's bytes in `buf` (checksum not checked yet); its frame block was at `at`.
+    Data {
+        buf: B,
+        frame: Frame,
+        at: u64,
+        /// The file offset after this frame.
+        next: u64,
+    },
+    /// A fill frame: `buf` holds one chunk of its value, for `len` device bytes at `off`.
+    Fill {
+        buf: B,
+        off: u64,
+        len: u64,
+        next: u64,
+    },
+}
+
+/// What the reader thread read, and why it stopped early.
+struct ReadStats {
+    data_bytes: u64,
+    fill_bytes_copied: u64,
+    fill_bytes_skipped: u64,
+    direct: bool,
+}
+
+enum ReadEnd {
+    Failed(CsError),
+    /// The GPU's thread stopped taking pieces (it failed first).
+    Stopped,
+}
+
+impl From<CsError> for ReadEnd {
+    fn from(e: CsError) -> Self {
+        ReadEnd::Failed(e)
+    }
 }
 
 /// Copies `f` to the device. The caller checks the file first with [`verify_file`] where a
@@ -799,7 +954,8 @@ enum Ready {
 /// here as the frames stream (a file changed since is refused too). Every chunk's checksum is
 /// checked before it is enqueued; the first mismatch is returned ([`FormatError::DataCrc`]:
 /// the file, the frame's offset, the device offset, both checksums) with nothing of that chunk
-/// or after it handed to the device.
+/// or after it handed to the device. The file is read on a thread of its own, into the free
+/// buffers, while this thread checks and copies.
 pub fn restore_gpu<D: DeviceCopy + ?Sized>(
     dev: &mut D,
     f: &mut ImageFile,
@@ -814,101 +970,89 @@ pub fn restore_gpu<D: DeviceCopy + ?Sized>(
             expected: expected.size,
         });
     }
-    let (mut r, chunk) = Reader::open(f, expected)?;
-    check_buffers(dev, f, chunk)?;
-    let mut stats = RestoreStats {
+    let (r, chunk) = Reader::open(f, expected)?;
+    let bufs = dev.take_buffers();
+    check_buffers(&bufs, f, chunk)?;
+    let path = f.path.clone();
+    let file_bytes = r.len;
+    let (free_tx, free_rx) = mpsc::channel::<D::Buf>();
+    let (full_tx, full_rx) = mpsc::channel::<Piece<D::Buf>>();
+    for b in bufs {
+        // The receiver is alive: it is used below.
+        let _ = free_tx.send(b);
+    }
+    let (copied, read) = std::thread::scope(|s| {
+        let reader = s.spawn(move || read_pieces(f, r, chunk, options, &free_rx, &full_tx));
+        // Takes both channel ends: when it returns, a reader still at work finds them closed.
+        let copied = copy_pieces(dev, &path, chunk, free_tx, full_rx);
+        let read = reader
+            .join()
+            .unwrap_or_else(|_| Err(ReadEnd::Failed(CsError::Reader { file: path.clone() })));
+        (copied, read)
+    });
+    copied?;
+    let read = match read {
+        Ok(read) => read,
+        Err(ReadEnd::Failed(e)) => return Err(e),
+        // Only after the GPU's thread failed, which returned above.
+        Err(ReadEnd::Stopped) => return Err(CsError::Reader { file: path }),
+    };
+    Ok(RestoreStats {
         device_bytes: expected.size,
+        data_bytes: read.data_bytes,
+        fill_bytes_copied: read.fill_bytes_copied,
+        fill_bytes_skipped: read.fill_bytes_skipped,
+        file_bytes,
+        elapsed: started.elapsed(),
+        direct: read.direct,
+    })
+}
+
+/// The reader thread: walks the frames, reads each data chunk (with the frame block after it
+/// when the buffer has room) and fills a buffer for each fill run to copy, handing them over
+/// in order. Ends at the end frame, at the first error, or when the GPU's thread stops.
+fn read_pieces<B: AsMut<[u8]>>(
+    f: &mut ImageFile,
+    mut r: Reader,
+    chunk: u32,
+    options: &RestoreOptions,
+    free: &mpsc::Receiver<B>,
+    full: &mpsc::Sender<Piece<B>>,
+) -> Result<ReadStats, ReadEnd> {
+    let mut st = ReadStats {
         data_bytes: 0,
         fill_bytes_copied: 0,
         fill_bytes_skipped: 0,
-        file_bytes: r.len,
-        elapsed: Duration::ZERO,
         direct: f.direct,
     };
-    let mut which = 0;
-    let mut cur = prepare(dev, f, &mut r, which, options, &mut stats)?;
-    while let Some(ready) = cur {
-        let mut enqueued = false;
-        if let Ready::Copy { off, len } = ready {
-            // A fill run longer than a chunk is the same buffer copied again.
-            let mut o = off;
-            while o < off + len {
-                let n = (off + len - o).min(chunk.into()) as usize;
-                dev.enqueue_to_device(which, o, n)
-                    .map_err(|source| CsError::Device {
-                        file: f.path.clone(),
-                        device_offset: o,
-                        completed: off,
-                        file_bytes: r.at,
-                        source,
-                    })?;
-                enqueued = true;
-                o += n as u64;
-            }
-        }
-        // The next frame, into the other buffer, while this one is copied.
-        let next = prepare(dev, f, &mut r, 1 - which, options, &mut stats);
-        let synced = if enqueued { dev.sync() } else { Ok(()) };
-        cur = next?;
-        synced.map_err(|source| {
-            let (off, len) = match ready {
-                Ready::Copy { off, len } => (off, len),
-                Ready::Skip => (0, 0),
-            };
-            CsError::Device {
-                file: f.path.clone(),
-                device_offset: off + len,
-                completed: off,
-                file_bytes: r.at,
-                source,
-            }
-        })?;
-        which = 1 - which;
-    }
-    stats.direct = f.direct;
-    stats.elapsed = started.elapsed();
-    Ok(stats)
-}
-
-/// Reads the next frame into buffer `which`: a data frame's bytes, checked; a fill frame's
-/// value, one chunk of it. `None` after the end frame.
-fn prepare<D: DeviceCopy + ?Sized>(
-    dev: &mut D,
-    f: &mut ImageFile,
-    r: &mut Reader,
-    which: usize,
-    options: &RestoreOptions,
-    stats: &mut RestoreStats,
-) -> Result<Option<Ready>, CsError> {
-    loop {
-        let Some((frame, at)) = r.next(f)? else {
-            return Ok(None);
-        };
-        match frame {
-            Frame::Data { offset, length, .. } => {
+    while let Some((frame, at)) = r.next(f)? {
+        let piece = match frame {
+            Frame::Data { length, .. } => {
+                let mut buf = free.recv().map_err(|_| ReadEnd::Stopped)?;
+                let b = buf.as_mut();
                 let total = format::padded(length) as usize;
-                let buf = dev.buffer(which);
                 // The next frame's block comes with the data in one read when the buffer has
                 // room for it: one request per chunk, not two.
                 let next = at + ALIGN64 + total as u64;
-                let ahead = buf.len() >= total + ALIGN && next + ALIGN64 <= r.len;
+                let ahead = b.len() >= total + ALIGN && next + ALIGN64 <= r.len;
                 let n = if ahead { total + ALIGN } else { total };
-                // The chunk after this one, from the disk while this one is checked and copied.
-                f.read_ahead(next, (buf.len() + ALIGN) as u64);
-                f.read_at(&mut buf[..n], at + ALIGN64)?;
+                // Through the page cache: the chunk after this one, while this one is read.
+                f.read_ahead(next, (b.len() + ALIGN) as u64);
+                f.read_at(&mut b[..n], at + ALIGN64)?;
                 f.done_with(at, ALIGN64 + total as u64);
                 if ahead {
                     r.block
                         .as_mut_slice()
-                        .copy_from_slice(&buf[total..total + ALIGN]);
+                        .copy_from_slice(&b[total..total + ALIGN]);
                     r.cached = Some(next);
                 }
-                format::check_data(&frame, &buf[..total]).map_err(f.format(at))?;
-                stats.data_bytes += length;
-                return Ok(Some(Ready::Copy {
-                    off: offset,
-                    len: length,
-                }));
+                st.data_bytes += length;
+                Piece::Data {
+                    buf,
+                    frame,
+                    at,
+                    next,
+                }
             }
             Frame::Fill {
                 offset,
@@ -917,59 +1061,208 @@ fn prepare<D: DeviceCopy + ?Sized>(
                 ..
             } => {
                 if value == 0 && options.target_zeroed {
-                    stats.fill_bytes_skipped += length;
-                    return Ok(Some(Ready::Skip));
+                    st.fill_bytes_skipped += length;
+                    continue;
                 }
-                let chunk = u64::from(r.walker.header().chunk);
-                let n = length.min(chunk) as usize;
-                dev.buffer(which)[..n].fill(value);
-                stats.fill_bytes_copied += length;
-                return Ok(Some(Ready::Copy {
+                let mut buf = free.recv().map_err(|_| ReadEnd::Stopped)?;
+                let n = length.min(chunk.into()) as usize;
+                buf.as_mut()[..n].fill(value);
+                st.fill_bytes_copied += length;
+                Piece::Fill {
+                    buf,
                     off: offset,
                     len: length,
-                }));
+                    next: at + ALIGN64,
+                }
             }
-            Frame::End { .. } => {}
+            Frame::End { .. } => continue,
+        };
+        full.send(piece).map_err(|_| ReadEnd::Stopped)?;
+    }
+    st.direct = f.direct;
+    Ok(st)
+}
+
+/// The GPU's thread: checks each data chunk while the chunk before it is copied, then waits
+/// for that copy, hands its buffer back to the reader and enqueues the chunk. Ends when the
+/// reader does (its result is the caller's to judge) or at the first error, having waited for
+/// the copies in flight either way.
+fn copy_pieces<D: DeviceCopy + ?Sized>(
+    dev: &mut D,
+    path: &Path,
+    chunk: u32,
+    free: mpsc::Sender<D::Buf>,
+    full: mpsc::Receiver<Piece<D::Buf>>,
+) -> Result<(), CsError> {
+    // The device range of the copy in flight and the file bytes read through its frame.
+    let mut flying: Option<(u64, u64, u64)> = None;
+    let device = |off: u64, completed: u64, file_bytes: u64| {
+        move |source| CsError::Device {
+            file: path.to_owned(),
+            device_offset: off,
+            completed,
+            file_bytes,
+            source,
+        }
+    };
+    let result = (|| {
+        for piece in &full {
+            let (buf, off, len, next) = match piece {
+                Piece::Data {
+                    buf,
+                    frame,
+                    at,
+                    next,
+                } => {
+                    let Frame::Data { offset, length, .. } = frame else {
+                        continue;
+                    };
+                    let b = buf.as_ref();
+                    let total = (format::padded(length) as usize).min(b.len());
+                    format::check_data(&frame, &b[..total]).map_err(|source| CsError::Format {
+                        file: path.to_owned(),
+                        offset: at,
+                        source,
+                    })?;
+                    (buf, offset, length, next)
+                }
+                Piece::Fill {
+                    buf,
+                    off,
+                    len,
+                    next,
+                } => (buf, off, len, next),
+            };
+            if let Some((o, l, fb)) = flying.take() {
+                for b in dev.sync().map_err(device(o + l, o, fb))? {
+                    // The reader is gone only after a failure of its own, which the caller
+                    // returns.
+                    let _ = free.send(b);
+                }
+            }
+            // Every copy before this frame is done (synchronized above).
+            dev.enqueue_to_device(buf, off, len, chunk as usize)
+                .map_err(device(off, off, next))?;
+            flying = Some((off, len, next));
+        }
+        Ok(())
+    })();
+    if let Some((o, l, fb)) = flying {
+        let synced = dev.sync().map_err(device(o + l, o, fb));
+        if result.is_ok() {
+            synced?;
         }
     }
+    result
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+
+    /// What the fake device saw of its buffers, shared with them.
+    #[derive(Default)]
+    struct Probe {
+        /// Copies enqueued and not yet synchronized.
+        pending: AtomicUsize,
+        /// `as_ref` calls (the GPU thread's reads of a buffer) while a copy was in flight.
+        refs_while_pending: AtomicUsize,
+        /// `as_mut` calls while a copy was in flight.
+        muts_while_pending: AtomicUsize,
+        /// `as_mut` calls (a chunk read into a buffer, a fill, a dump's chunk padded).
+        muts: AtomicUsize,
+    }
+
+    struct FakeBuf {
+        buf: AlignedBuf,
+        probe: Arc<Probe>,
+    }
+
+    impl AsRef<[u8]> for FakeBuf {
+        fn as_ref(&self) -> &[u8] {
+            if self.probe.pending.load(SeqCst) > 0 {
+                self.probe.refs_while_pending.fetch_add(1, SeqCst);
+            }
+            self.buf.as_slice()
+        }
+    }
+
+    impl AsMut<[u8]> for FakeBuf {
+        fn as_mut(&mut self) -> &mut [u8] {
+            if self.probe.pending.load(SeqCst) > 0 {
+                self.probe.muts_while_pending.fetch_add(1, SeqCst);
+            }
+            self.probe.muts.fetch_add(1, SeqCst);
+            self.buf.as_mut_slice()
+        }
+    }
+
+    /// A copy: to the host or not, device offset, length, piece (to the device), its buffer;
+    /// `None` for a buffer whose enqueue failed.
+    type Pending = (Option<(bool, u64, u64, usize)>, FakeBuf);
 
     /// An in-memory GPU whose copies run at `sync`, as a stream's do: a pipeline that touches
-    /// a buffer before its copy was synchronized sees stale bytes and fails the round trip.
+    /// a buffer before its copy was synchronized cannot (the buffer is the device's), and one
+    /// that reads a chunk only after the copy before it was synchronized does no overlapping.
     struct FakeDev {
         mem: Vec<u8>,
-        bufs: [AlignedBuf; 2],
-        pending: Vec<(bool, u64, usize, usize)>,
+        bufs: Vec<FakeBuf>,
+        pending: Vec<Pending>,
         enqueues: usize,
         syncs: usize,
         fail_enqueue: Option<usize>,
         fail_sync: Option<usize>,
-        /// Buffer accesses made while a copy (on the other buffer) was in flight.
-        overlapped: usize,
+        probe: Arc<Probe>,
+        /// A restore of this many chunks: sync *k* (1-based) waits, up to 10 s, until the
+        /// reader has filled buffers for chunks up to *k + 1* (0-based), two ahead of the copy
+        /// it waits for; whether each got there is in `ahead`.
+        read_ahead_of: Option<usize>,
+        ahead: Vec<bool>,
     }
 
     impl FakeDev {
-        /// Buffers of a chunk and one frame block, as the copier's.
+        /// Three buffers of a chunk and one frame block, as the copier's.
         fn new(mem: Vec<u8>, chunk: u32) -> Self {
-            Self::with_buffers(mem, chunk as usize + ALIGN)
+            Self::with_buffers(mem, chunk as usize + ALIGN, 3)
         }
 
-        fn with_buffers(mem: Vec<u8>, len: usize) -> Self {
+        fn with_buffers(mem: Vec<u8>, len: usize, count: usize) -> Self {
+            let probe = Arc::new(Probe::default());
             FakeDev {
                 mem,
-                bufs: [AlignedBuf::new(len), AlignedBuf::new(len)],
+                bufs: (0..count)
+                    .map(|_| FakeBuf {
+                        buf: AlignedBuf::new(len),
+                        probe: probe.clone(),
+                    })
+                    .collect(),
                 pending: Vec::new(),
                 enqueues: 0,
                 syncs: 0,
                 fail_enqueue: None,
                 fail_sync: None,
-                overlapped: 0,
+                probe,
+                read_ahead_of: None,
+                ahead: Vec::new(),
             }
+        }
+
+        fn enqueue(
+            &mut self,
+            copy: (bool, u64, u64, usize),
+            buf: FakeBuf,
+        ) -> Result<(), DeviceError> {
+            self.enqueues += 1;
+            let failed = self.fail_enqueue == Some(self.enqueues);
+            self.pending.push(((!failed).then_some(copy), buf));
+            self.probe.pending.store(self.pending.len(), SeqCst);
+            if failed {
+                return Err(FAILED);
+            }
+            Ok(())
         }
     }
 
@@ -979,63 +1272,66 @@ mod tests {
     };
 
     impl DeviceCopy for FakeDev {
+        type Buf = FakeBuf;
         fn size(&self) -> u64 {
             self.mem.len() as u64
         }
-        fn buffer(&mut self, which: usize) -> &mut [u8] {
-            assert!(
-                !self.pending.iter().any(|p| p.2 == which),
-                "buffer {which} touched while a copy into or out of it is in flight"
-            );
-            if !self.pending.is_empty() {
-                self.overlapped += 1;
-            }
-            self.bufs[which].as_mut_slice()
+        fn take_buffers(&mut self) -> Vec<FakeBuf> {
+            std::mem::take(&mut self.bufs)
         }
         fn enqueue_to_host(
             &mut self,
             off: u64,
-            which: usize,
+            buf: FakeBuf,
             len: usize,
         ) -> Result<(), DeviceError> {
-            self.enqueues += 1;
-            if self.fail_enqueue == Some(self.enqueues) {
-                return Err(FAILED);
-            }
-            self.pending.push((true, off, which, len));
-            Ok(())
+            self.enqueue((true, off, len as u64, len), buf)
         }
         fn enqueue_to_device(
             &mut self,
-            which: usize,
+            buf: FakeBuf,
             off: u64,
-            len: usize,
+            len: u64,
+            piece: usize,
         ) -> Result<(), DeviceError> {
-            self.enqueues += 1;
-            if self.fail_enqueue == Some(self.enqueues) {
-                return Err(FAILED);
-            }
-            self.pending.push((false, off, which, len));
-            Ok(())
+            self.enqueue((false, off, len, piece), buf)
         }
-        fn sync(&mut self) -> Result<(), DeviceError> {
+        fn sync(&mut self) -> Result<Vec<FakeBuf>, DeviceError> {
             self.syncs += 1;
+            if let Some(chunks) = self.read_ahead_of {
+                let want = (self.syncs + 2).min(chunks);
+                let until = Instant::now() + Duration::from_secs(10);
+                while self.probe.muts.load(SeqCst) < want && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                self.ahead.push(self.probe.muts.load(SeqCst) >= want);
+            }
             if self.fail_sync == Some(self.syncs) {
                 return Err(DeviceError {
                     function: "cuStreamSynchronize",
                     result: CUresult::ERROR_UNKNOWN,
                 });
             }
-            for (to_host, off, which, len) in std::mem::take(&mut self.pending) {
-                let dev = &mut self.mem[off as usize..off as usize + len];
-                let buf = &mut self.bufs[which].as_mut_slice()[..len];
-                if to_host {
-                    buf.copy_from_slice(dev);
-                } else {
-                    dev.copy_from_slice(buf);
+            let mut back = Vec::new();
+            for (copy, mut buf) in std::mem::take(&mut self.pending) {
+                if let Some((to_host, off, len, piece)) = copy {
+                    let b = buf.buf.as_mut_slice();
+                    let mut o = off as usize;
+                    let end = (off + len) as usize;
+                    while o < end {
+                        let n = (end - o).min(piece);
+                        if to_host {
+                            b[..n].copy_from_slice(&self.mem[o..o + n]);
+                        } else {
+                            self.mem[o..o + n].copy_from_slice(&b[..n]);
+                        }
+                        o += n;
+                    }
                 }
+                back.push(buf);
             }
-            Ok(())
+            self.probe.pending.store(0, SeqCst);
+            Ok(back)
         }
     }
 
@@ -1097,7 +1393,7 @@ mod tests {
         spare: usize,
     ) -> Result<(Vec<u8>, RestoreStats), CsError> {
         // Garbage in the target, so that fills must really be copied.
-        let mut dev = FakeDev::with_buffers(vec![0xee; size], chunk as usize + spare);
+        let mut dev = FakeDev::with_buffers(vec![0xee; size], chunk as usize + spare, 3);
         let mut f = open_for_restore(path)?;
         let opened_direct = f.direct;
         let stats = restore_gpu(&mut dev, &mut f, &expected(size as u64), &opts)?;
@@ -1161,23 +1457,36 @@ mod tests {
         let mut f = open_for_dump(dir.path(), "o.img").unwrap();
         dump_gpu(&mut dev, &mut f, &ID, &DumpOptions { chunk: CHUNK }).unwrap();
         assert_eq!(
-            dev.overlapped, 5,
+            dev.probe.muts_while_pending.load(SeqCst),
+            5,
             "chunks 0..5 handled while the next one is copied"
         );
-        let mut dev = FakeDev::new(vec![0; mem.len()], CHUNK);
-        let mut f = open_for_restore(&f.path).unwrap();
-        restore_gpu(
-            &mut dev,
-            &mut f,
-            &expected(mem.len() as u64),
-            &RestoreOptions::default(),
-        )
-        .unwrap();
-        assert!(dev.mem == mem);
-        assert_eq!(
-            dev.overlapped, 5,
-            "chunks 1..6 read while the one before is copied"
-        );
+        for buffers in [2, 3] {
+            let mut dev =
+                FakeDev::with_buffers(vec![0; mem.len()], CHUNK as usize + ALIGN, buffers);
+            dev.read_ahead_of = (buffers == 3).then_some(6);
+            let mut f = open_for_restore(&f.path).unwrap();
+            restore_gpu(
+                &mut dev,
+                &mut f,
+                &expected(mem.len() as u64),
+                &RestoreOptions::default(),
+            )
+            .unwrap();
+            assert!(dev.mem == mem);
+            assert_eq!(
+                dev.probe.refs_while_pending.load(SeqCst),
+                5,
+                "chunks 1..6 checked while the one before is copied ({buffers} buffers)"
+            );
+            if buffers == 3 {
+                assert_eq!(
+                    dev.ahead,
+                    vec![true; 6],
+                    "with three buffers the reader is two chunks ahead of every copy waited for"
+                );
+            }
+        }
     }
 
     #[test]
@@ -1511,14 +1820,17 @@ mod tests {
     fn bad_options_and_buffers_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut f = open_for_dump(dir.path(), "a.img").unwrap();
-        let mut dev = FakeDev::new(vec![0; 100], CHUNK);
         for chunk in [0, 4095, 2 * CHUNK] {
+            let mut dev = FakeDev::new(vec![0; 100], CHUNK);
             let err = dump_gpu(&mut dev, &mut f, &ID, &DumpOptions { chunk }).unwrap_err();
             assert!(
                 matches!(err, CsError::Chunk { .. } | CsError::Buffer { .. }),
                 "{err}"
             );
         }
+        let mut dev = FakeDev::with_buffers(vec![0; 100], CHUNK as usize, 1);
+        let err = dump_gpu(&mut dev, &mut f, &ID, &DumpOptions { chunk: CHUNK }).unwrap_err();
+        assert!(matches!(err, CsError::Buffers { count: 1, .. }), "{err}");
     }
 
     #[test]

@@ -154,6 +154,20 @@ pub struct Pinned {
 // for pinned host memory allocated PORTABLE.
 unsafe impl Send for Pinned {}
 
+impl AsRef<[u8]> for Pinned {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr` is a live allocation of `len` bytes owned by `self`; `&self` rules out
+        // a mutable view for as long as this one lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl AsMut<[u8]> for Pinned {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
 impl Pinned {
     /// The buffer.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -324,8 +338,9 @@ impl CsApi {
     ) -> Result<(), CallFailed> {
         assert!(at + len <= buf.len, "a copy past the staging buffer");
         // SAFETY: `buf` is pinned memory with room for `len` bytes at `at` (checked above); it
-        // stays alive and unread until the caller synchronises the stream (the pipeline only
-        // touches a buffer after `sync`); `src` and `stream` come from the driver's operation.
+        // stays alive and untouched until the stream is synchronised (the copier's device
+        // holds an enqueued buffer until then: `cstore::copier`); `src` and `stream` come from
+        // the driver's operation.
         cu("cuMemcpyDtoHAsync_v2", unsafe {
             (self.dtoh_async)(buf.ptr.add(at).cast(), src, len, stream as CUstream)
         })
