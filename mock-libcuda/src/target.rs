@@ -245,6 +245,18 @@ pub fn ensure_registered(
     if let Some(rt) = RUNTIME.get() {
         return Ok(rt);
     }
+    // No stand-in GPU handle, no CUDA process: a mock process without it would let a dump
+    // without the plugin pass (CRIU refuses only the handle), a false pass for any test.
+    let gpu_handle = crate::ffi::sys::open_gpu_handle().map_err(|why| {
+        let what = format!(
+            "cannot open the stand-in GPU handle ({why}): a seccomp profile (a container \
+             runtime's default) blocks both; allow userfaultfd or io_uring_setup, or set \
+             MOCK_CUDA_NO_GPU_HANDLE=1 to run without it (a dump is then not refused)"
+        );
+        eprintln!("mock libcuda: {what}");
+        world.log_error(&what);
+        CUresult::ERROR_OPERATING_SYSTEM
+    })?;
     let me = own_identity();
     let id = world
         .update(crate::world::state::StateFile::new_id)
@@ -259,7 +271,7 @@ pub fn ensure_registered(
             active: AtomicU32::new(0),
         },
         saved: Mutex::new(Vec::new()),
-        gpu_handle: Mutex::new(crate::ffi::sys::open_gpu_handle()),
+        gpu_handle: Mutex::new(gpu_handle),
         restore_tid: OnceLock::new(),
         request: AtomicU64::new(0),
         bell: OnceLock::new(),
@@ -402,6 +414,18 @@ impl Drop for Entered<'_> {
 }
 
 impl Runtime {
+    /// Takes the GPU handle again after a restore (the process had it when it became a CUDA
+    /// process, so only a changed kernel or seccomp filter refuses it now: logged).
+    fn reopen_gpu_handle(&self) {
+        let handle = crate::ffi::sys::open_gpu_handle().unwrap_or_else(|why| {
+            self.world.log_error(&format!(
+                "reopening the stand-in GPU handle after a restore: {why}"
+            ));
+            None
+        });
+        *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) = handle;
+    }
+
     /// Enters the API gate for a workload call: blocks while the process is locked or
     /// checkpointed (as the driver blocks CUDA calls of a locked process); fails in FAILED.
     pub fn enter(&self) -> Result<Entered<'_>, CUresult> {
@@ -984,8 +1008,7 @@ impl Runtime {
                 }
             })
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
-        *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) =
-            crate::ffi::sys::open_gpu_handle();
+        self.reopen_gpu_handle();
         Ok(())
     }
 
@@ -1090,8 +1113,7 @@ impl Runtime {
             release();
             return Err(CUresult::ERROR_OPERATING_SYSTEM);
         }
-        *self.gpu_handle.lock().unwrap_or_else(|p| p.into_inner()) =
-            crate::ffi::sys::open_gpu_handle();
+        self.reopen_gpu_handle();
         Ok(())
     }
 

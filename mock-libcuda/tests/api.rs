@@ -245,3 +245,38 @@ fn the_trace_records_every_checkpoint_call() {
         "{trace}"
     );
 }
+
+#[test]
+fn a_process_whose_seccomp_profile_blocks_its_gpu_handle_refuses_to_start() {
+    let _s = serial();
+    let mut w = TestWorld::new(&config(580, ""));
+    // As under podman's or Docker's default profile: userfaultfd and io_uring_setup refused.
+    w.spawn_app(&["--kib", "4", "--seccomp", "--seccomp-container"]);
+    assert_eq!(w.wait(0).code(), Some(1), "{}", w.report(0));
+    let report = w.report(0);
+    assert!(
+        report.starts_with("FAIL") && !report.contains("READY"),
+        "{report}"
+    );
+    let errors = testkit::read(&w.path().join(mock_libcuda::world::timeouts::ERRORS_FILE));
+    for want in [
+        "cannot open the stand-in GPU handle",
+        "userfaultfd: Operation not permitted",
+        "io_uring_setup: Operation not permitted",
+        "MOCK_CUDA_NO_GPU_HANDLE",
+    ] {
+        assert!(
+            errors.contains(want),
+            "{want:?} not in the error log: {errors}"
+        );
+    }
+    // Only the filter makes the difference, and the opt-out still runs without a handle.
+    let pid = w.spawn_app(&["--kib", "4", "--seccomp"]);
+    assert!(w.report(1).contains("READY"), "{}", w.report(1));
+    assert!(w.verify(1, pid).starts_with("PASS"));
+    w.spawn_app_env(
+        &["--kib", "4", "--seccomp", "--seccomp-container"],
+        &[("MOCK_CUDA_NO_GPU_HANDLE", "1")],
+    );
+    assert!(w.report(2).contains("READY"), "{}", w.report(2));
+}

@@ -30,13 +30,17 @@ pub fn kill_and_wait(pid: i32, limit: Duration) {
 
 /// Opens the GPU handle: a userfaultfd, a descriptor type CRIU refuses to dump ("Can't dump
 /// file N of that type"), standing in for the `/dev/nvidia*` state a real CUDA process holds.
-/// Falls back to an io_uring instance (also refused); `None` if the kernel allows neither, or
-/// when `MOCK_CUDA_NO_GPU_HANDLE` is set (then a dump without checkpoint is not prevented; the
-/// state machine is still exact).
-#[must_use]
-pub fn open_gpu_handle() -> Option<OwnedFd> {
+/// Falls back to an io_uring instance (also refused). `Ok(None)` when `MOCK_CUDA_NO_GPU_HANDLE`
+/// is set (then a dump without checkpoint is not prevented; the state machine is still exact).
+///
+/// # Errors
+/// The kernel allows neither (a container's seccomp profile blocks both, as podman's and
+/// Docker's defaults do): the two errors, for the caller to refuse to become a CUDA process,
+/// as a real process that cannot open `/dev/nvidiactl` does. Running on without the handle
+/// would let a dump without the plugin pass.
+pub fn open_gpu_handle() -> Result<Option<OwnedFd>, String> {
     if std::env::var_os("MOCK_CUDA_NO_GPU_HANDLE").is_some() {
-        return None;
+        return Ok(None);
     }
     const UFFD_USER_MODE_ONLY: libc::c_long = 1;
     // SAFETY: userfaultfd(flags) takes no pointers.
@@ -46,7 +50,9 @@ pub fn open_gpu_handle() -> Option<OwnedFd> {
             libc::c_long::from(libc::O_CLOEXEC) | UFFD_USER_MODE_ONLY,
         )
     };
+    let mut refused = String::new();
     if fd < 0 {
+        refused = format!("userfaultfd: {}", std::io::Error::last_os_error());
         // struct io_uring_params is 120 bytes; all-zero asks for defaults.
         let mut params = [0u8; 120];
         // SAFETY: io_uring_setup(entries, params) reads and writes exactly the 120-byte
@@ -54,11 +60,14 @@ pub fn open_gpu_handle() -> Option<OwnedFd> {
         fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
     }
     if fd < 0 {
-        return None;
+        return Err(format!(
+            "{refused}; io_uring_setup: {}",
+            std::io::Error::last_os_error()
+        ));
     }
-    let fd = i32::try_from(fd).ok()?;
+    let fd = i32::try_from(fd).map_err(|_| format!("descriptor {fd} out of range"))?;
     // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// A doorbell between a caller and a target's restore thread: [`Bell::WORDS`] `u32` futex

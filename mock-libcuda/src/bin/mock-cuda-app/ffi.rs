@@ -169,20 +169,48 @@ const FILTERED_ERRNO: u32 = libc::EOWNERDEAD as u32;
 
 /// Installs a seccomp filter (mode 2, inherited by every thread started afterwards and by
 /// children) that answers [`FILTERED_SYSCALL`] with [`FILTERED_ERRNO`] and allows the rest;
-/// sets `no_new_privs` as an unprivileged filter requires.
-pub fn install_seccomp_filter() -> Result<()> {
-    use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+/// sets `no_new_privs` as an unprivileged filter requires. With `container`, it also answers
+/// `userfaultfd` and `io_uring_setup` with `EPERM`, as the default profiles of podman and
+/// Docker do: the calls the mock driver's stand-in GPU handle needs.
+pub fn install_seccomp_filter(container: bool) -> Result<()> {
+    use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| anyhow::anyhow!("seccomp on {}: {e}", std::env::consts::ARCH))?;
-    let filter = SeccompFilter::new(
-        [(FILTERED_SYSCALL, vec![])].into_iter().collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(FILTERED_ERRNO),
-        arch,
-    )
-    .context("building the seccomp filter")?;
-    let program: BpfProgram = filter.try_into().context("compiling the seccomp filter")?;
-    seccompiler::apply_filter(&program).context("installing the seccomp filter")?;
+    let errno = |e: i32| SeccompAction::Errno(u32::try_from(e).unwrap_or(1));
+    let mut rules: Vec<(libc::c_long, Vec<SeccompRule>)> = Vec::new();
+    if container {
+        rules.push((libc::SYS_userfaultfd, vec![]));
+        rules.push((libc::SYS_io_uring_setup, vec![]));
+    }
+    let mut programs: Vec<BpfProgram> = Vec::new();
+    // One filter per answer (seccompiler gives a filter one match action).
+    programs.push(
+        SeccompFilter::new(
+            [(FILTERED_SYSCALL, vec![])].into_iter().collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(FILTERED_ERRNO),
+            arch,
+        )
+        .context("building the seccomp filter")?
+        .try_into()
+        .context("compiling the seccomp filter")?,
+    );
+    if !rules.is_empty() {
+        programs.push(
+            SeccompFilter::new(
+                rules.into_iter().collect(),
+                SeccompAction::Allow,
+                errno(libc::EPERM),
+                arch,
+            )
+            .context("building the container seccomp filter")?
+            .try_into()
+            .context("compiling the container seccomp filter")?,
+        );
+    }
+    for program in &programs {
+        seccompiler::apply_filter(program).context("installing the seccomp filter")?;
+    }
     Ok(())
 }
 

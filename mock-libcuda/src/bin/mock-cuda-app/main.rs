@@ -95,6 +95,12 @@ struct Args {
     /// force, and READY/PASS lines say `seccomp=filter`.
     #[arg(long)]
     seccomp: bool,
+    /// With `--seccomp`: also refuse `userfaultfd` and `io_uring_setup` with `EPERM`, as the
+    /// default seccomp profiles of podman and Docker do. The mock driver then cannot open its
+    /// stand-in GPU handle and refuses to make this a CUDA process (the workload fails to
+    /// start, naming why) unless `MOCK_CUDA_NO_GPU_HANDLE` is set.
+    #[arg(long, requires = "seccomp")]
+    seccomp_container: bool,
 }
 
 fn parse_gib(s: &str) -> Result<f64, String> {
@@ -379,7 +385,7 @@ fn main() {
 
 fn run(args: &Args, pid: u32) -> Result<()> {
     if args.seccomp {
-        ffi::install_seccomp_filter()?;
+        ffi::install_seccomp_filter(args.seccomp_container)?;
     }
     ffi::install_signal_handlers()?;
     let workload = if args.cpu_only {
