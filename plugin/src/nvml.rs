@@ -50,6 +50,40 @@ pub struct Snapshot {
     pub gpus: Vec<GpuMemory>,
 }
 
+/// What NVML says of the node for `cuda-plugin-doctor` ([`crate::ffi::nvml::node`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReport {
+    /// `nvmlSystemGetDriverVersion` (`580.65.06`), or why it failed.
+    pub driver_version: Result<String, NvmlReturn>,
+    /// Every GPU, in NVML's (host) order.
+    pub gpus: Vec<NodeGpu>,
+}
+
+/// One GPU of a [`NodeReport`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGpu {
+    pub uuid: GpuUuid,
+    /// `nvmlDeviceGetName`, or why it failed.
+    pub name: Result<String, NvmlReturn>,
+    /// Total memory, bytes.
+    pub total: u64,
+    /// `nvmlDeviceGetPersistenceMode`: on or off, or why it failed
+    /// (`NVML_ERROR_FUNCTION_NOT_FOUND` when the library lacks the function).
+    pub persistence: Result<bool, NvmlReturn>,
+    /// `nvmlDeviceGetMigMode`'s current mode: on or off, or why it failed
+    /// (`NVML_ERROR_NOT_SUPPORTED` on a GPU without MIG, which is never in MIG mode).
+    pub mig: Result<bool, NvmlReturn>,
+}
+
+impl NodeReport {
+    /// The driver branch, from the driver version's first number (`580.65.06` is 580).
+    #[must_use]
+    pub fn branch(&self) -> Option<u32> {
+        let v = self.driver_version.as_ref().ok()?;
+        v.split('.').next()?.trim().parse().ok()
+    }
+}
+
 /// Why NVML could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NvmlError {
