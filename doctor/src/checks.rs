@@ -775,7 +775,7 @@ fn image_dir(ctx: &Context, n: &NvmlFacts) -> Check {
         );
     };
     let free = match nix::sys::statvfs::statvfs(dir) {
-        Ok(s) => u64::from(s.blocks_available()).saturating_mul(u64::from(s.fragment_size())),
+        Ok(s) => s.blocks_available().saturating_mul(s.fragment_size()),
         Err(e) => {
             return Check::fail(
                 ID,
