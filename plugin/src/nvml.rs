@@ -194,6 +194,18 @@ mod tests {
     }
 
     #[test]
+    fn the_branch_is_the_driver_versions_first_number() {
+        let report = |v: Result<&str, NvmlReturn>| NodeReport {
+            driver_version: v.map(str::to_owned),
+            gpus: Vec::new(),
+        };
+        assert_eq!(report(Ok("580.65.06")).branch(), Some(580));
+        assert_eq!(report(Ok("615")).branch(), Some(615));
+        assert_eq!(report(Ok("r580")).branch(), None);
+        assert_eq!(report(Err(NvmlReturn::ERROR_UNKNOWN)).branch(), None);
+    }
+
+    #[test]
     fn task_bytes_sum_per_gpu_and_unknown_accounting_is_none() {
         let s = Snapshot {
             gpus: vec![
