@@ -293,7 +293,7 @@ fn program_trust(program: Option<&Path>) -> Check {
         Ok(()) => Check::pass(
             ID,
             format!(
-                "{}: only root can change it or its directories",
+                "{}: trusted: only root (or the doctor's own user) can change it or its directories",
                 p.display()
             ),
         ),

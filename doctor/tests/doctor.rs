@@ -25,6 +25,8 @@ struct Node {
     dir: tempfile::TempDir,
     world: Option<PathBuf>,
     images: Option<PathBuf>,
+    /// `--timeout`, seconds.
+    timeout: u32,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -96,6 +98,7 @@ impl Node {
             dir,
             world: None,
             images: None,
+            timeout: 10,
             _serial: guard,
         };
         n.meminfo(512 * 1024 * 1024);
@@ -179,7 +182,7 @@ impl Node {
             .arg(self.root())
             .arg("--path")
             .arg(self.root().join("bin"))
-            .args(["--timeout", "10"])
+            .args(["--timeout", &self.timeout.to_string()])
             .env_remove("CRIU_CUDA_PLUGIN_CONFIG")
             .env_remove("MOCK_CUDA_WORLD")
             .env_remove("LD_LIBRARY_PATH")
@@ -556,8 +559,63 @@ esac"#,
 }
 
 #[test]
+fn a_program_or_a_library_that_hangs_is_given_up_on() {
+    let mut n = Node::new();
+    n.timeout = 1;
+    n.program("criu", "sleep 60");
+    n.world(
+        &world_config(
+            580,
+            "",
+            "\n[[fault]]\nfunction = \"nvmlInit_v2\"\naction = { kind = \"hang\" }\n",
+        ),
+        false,
+    );
+    let start = std::time::Instant::now();
+    let o = n.run();
+    let took = start.elapsed();
+    let c = o.expect("criu", "FAIL");
+    assert!(c.contains("timed out"), "{c}");
+    let c = o.expect("nvml", "FAIL");
+    assert!(c.contains("did not answer in time"), "{c}");
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "two waits of 1 s each, and the rest quick: {took:?}"
+    );
+}
+
+#[test]
 fn a_usage_error_exits_2() {
     let n = Node::new();
     let out = n.command(&["--no-such-option"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// A good node as a person reads it (the paths of the fake node and the version normalised).
+#[test]
+fn the_human_report_of_a_good_node() {
+    let mut n = Node::new();
+    n.criu("4.1.1")
+        .plugin()
+        .options("backend=auto\nparallel=auto\n", 0o644);
+    n.meminfo(32 * 1024 * 1024);
+    n.program(
+        "runc",
+        r#"case "$1" in
+--version) echo 'runc version 1.1.5' ;;
+features) echo '{"annotations":{"org.opencontainers.runc.checkpoint.enabled":"true"}}' ;;
+esac"#,
+    );
+    n.program(
+        "crun",
+        "echo 'crun version 1.8.1'\necho '+SYSTEMD -CRIU +YAJL'",
+    );
+    n.world(&world_config(615, "", ""), true);
+    let out = n.command(&[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace(n.root().to_str().unwrap(), "[NODE]")
+        .replace(env!("CARGO_PKG_VERSION"), "[VERSION]");
+    insta::assert_snapshot!("good_node", text);
 }
