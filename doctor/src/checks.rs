@@ -149,11 +149,22 @@ fn criu(ctx: &Context) -> Vec<Check> {
              with --criu PATH.",
         ),
         Some(p) => match run_program(&p, &["--version"], ctx.timeout) {
-            Err(e) => Check::fail(
-                ID,
-                format!("{}: `criu --version` did not run: {e}", p.display()),
-                "Install a working CRIU 4.0 or later.",
-            ),
+            Err(e) => {
+                let fix = match &e {
+                    RunError::Untrusted(t) => t.fix_command().map(|cmd| {
+                        format!(
+                            "Run `{cmd}`: CRIU runs as root, and the doctor runs no program that \
+                             anybody but root can change."
+                        )
+                    }),
+                    _ => None,
+                };
+                Check::fail(
+                    ID,
+                    format!("{}: `criu --version` did not run: {e}", p.display()),
+                    fix.unwrap_or_else(|| "Install a working CRIU 4.0 or later.".to_owned()),
+                )
+            }
             Ok(out) => match criu_version(&out.output) {
                 None => Check::fail(
                     ID,

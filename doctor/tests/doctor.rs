@@ -242,6 +242,19 @@ fn criu_3_fails_and_4_passes() {
 }
 
 #[test]
+fn a_criu_others_can_change_is_not_run() {
+    let n = Node::new();
+    n.criu("4.1.1");
+    std::fs::set_permissions(
+        n.root().join("bin/criu"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let c = n.run().expect("criu", "FAIL");
+    assert!(c.contains("not trusted") && c.contains("chmod go-w"), "{c}");
+}
+
+#[test]
 fn criu_missing_fails() {
     let n = Node::new();
     let c = n.run().expect("criu", "FAIL");
