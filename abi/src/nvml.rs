@@ -208,8 +208,30 @@ pub struct NvmlProcessInfo {
     pub compute_instance_id: c_uint,
 }
 
+/// `nvmlEnableState_t`: a feature's state as `nvmlDeviceGetPersistenceMode` reports it
+/// (`NVML_FEATURE_DISABLED` = 0, `NVML_FEATURE_ENABLED` = 1). A C enum, so a transparent `u32`
+/// newtype: a value this crate does not know survives untouched.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+#[repr(transparent)]
+pub struct NvmlEnableState(pub c_uint);
+
+impl NvmlEnableState {
+    /// `NVML_FEATURE_DISABLED`.
+    pub const DISABLED: NvmlEnableState = NvmlEnableState(0);
+    /// `NVML_FEATURE_ENABLED`.
+    pub const ENABLED: NvmlEnableState = NvmlEnableState(1);
+}
+
+/// `NVML_DEVICE_MIG_DISABLE`: the MIG mode `nvmlDeviceGetMigMode` reports for a GPU not in MIG
+/// mode (its current and pending modes are `unsigned int`s).
+pub const NVML_DEVICE_MIG_DISABLE: c_uint = 0;
+/// `NVML_DEVICE_MIG_ENABLE`: the GPU is (or, as the pending mode, will be after a reset) in MIG
+/// mode.
+pub const NVML_DEVICE_MIG_ENABLE: c_uint = 1;
+
 const _: () = {
     use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<NvmlEnableState>() == 4 && align_of::<NvmlEnableState>() == 4);
     assert!(size_of::<NvmlReturn>() == 4);
     assert!(size_of::<NvmlMemory>() == 24 && align_of::<NvmlMemory>() == 8);
     assert!(offset_of!(NvmlMemory, total) == 0);

@@ -264,6 +264,8 @@ pub const NVML_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetMigMode",
 ];
 
 /// One GPU of the host.
@@ -275,6 +277,13 @@ pub struct GpuConfig {
     pub memory_mib: u64,
     /// Chip family; restore only maps GPUs of the same chip.
     pub chip: String,
+    /// Persistence mode, as `nvmlDeviceGetPersistenceMode` reports it (default on).
+    #[serde(default = "yes")]
+    pub persistence: bool,
+    /// MIG mode, as `nvmlDeviceGetMigMode` reports it (default off). Only NVML reports it: the
+    /// mock driver does not refuse a checkpoint on a GPU in MIG mode.
+    #[serde(default)]
+    pub mig: bool,
 }
 
 impl GpuConfig {

@@ -16,8 +16,8 @@
 
 use crate::nvml;
 use abi::nvml::{
-    NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo, NvmlReturn, NVML_MEMORY_V2,
-    NVML_VALUE_NOT_AVAILABLE_UINT,
+    NvmlDevice, NvmlEnableState, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo, NvmlReturn,
+    NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE, NVML_MEMORY_V2, NVML_VALUE_NOT_AVAILABLE_UINT,
 };
 use mock_cuda_world::panic_guard;
 use std::ffi::{c_char, c_uint, CStr};
@@ -202,6 +202,52 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
         let n = nvml::name(index_of(device))?;
         // SAFETY: NULL is rejected by `put_str`; otherwise `length` writable bytes.
         unsafe { put_str(name, length, &n) }
+    })
+}
+
+/// `nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: NvmlDevice,
+    mode: *mut NvmlEnableState,
+) -> NvmlReturn {
+    guard("nvmlDeviceGetPersistenceMode", || {
+        if mode.is_null() {
+            return Err(NvmlReturn::ERROR_INVALID_ARGUMENT);
+        }
+        let on = nvml::persistence_mode(index_of(device))?;
+        let state = if on {
+            NvmlEnableState::ENABLED
+        } else {
+            NvmlEnableState::DISABLED
+        };
+        // SAFETY: checked non-NULL; the caller passes a valid nvmlEnableState_t.
+        unsafe { put(mode, state) }
+    })
+}
+
+/// `nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+/// unsigned int *pendingMode)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: NvmlDevice,
+    current_mode: *mut c_uint,
+    pending_mode: *mut c_uint,
+) -> NvmlReturn {
+    guard("nvmlDeviceGetMigMode", || {
+        if current_mode.is_null() || pending_mode.is_null() {
+            return Err(NvmlReturn::ERROR_INVALID_ARGUMENT);
+        }
+        let on = nvml::mig_mode(index_of(device))?;
+        let mode = if on {
+            NVML_DEVICE_MIG_ENABLE
+        } else {
+            NVML_DEVICE_MIG_DISABLE
+        };
+        // SAFETY: both checked non-NULL; the caller passes two valid unsigned ints.
+        unsafe { put(current_mode, mode) }?;
+        // SAFETY: as above.
+        unsafe { put(pending_mode, mode) }
     })
 }
 

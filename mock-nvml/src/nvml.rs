@@ -19,7 +19,10 @@
 //!   a pid namespace reports the host pids the world last knew, and leaves out a process whose
 //!   host pid no one has seen yet (it registered inside a pid namespace with its own `/proc`
 //!   and no process of the host has asked about it). A checkpointed process released its GPU and is not
-//!   listed. MIG is not modelled: the instance ids are "not available".
+//!   listed. MIG instances are not modelled: the instance ids are "not available".
+//! * **Persistence and MIG mode** of a GPU are its `persistence` (default on) and `mig` (default
+//!   off) settings in the world's `[[gpu]]` table; a GPU in MIG mode reports the same mode as
+//!   current and pending.
 //!
 //! Variable-length answers follow NVML's protocols: a string buffer shorter than the answer
 //! (with its NUL) is `NVML_ERROR_INSUFFICIENT_SIZE`; a process list longer than the caller's
@@ -205,6 +208,19 @@ pub fn name(dev: Option<usize>) -> R<String> {
     device("nvmlDeviceGetName", dev, "", |w, d| {
         Ok(gpu(w, d)?.name.clone())
     })
+}
+
+/// `nvmlDeviceGetPersistenceMode`: the GPU's `persistence` setting (default on).
+pub fn persistence_mode(dev: Option<usize>) -> R<bool> {
+    device("nvmlDeviceGetPersistenceMode", dev, "", |w, d| {
+        Ok(gpu(w, d)?.persistence)
+    })
+}
+
+/// `nvmlDeviceGetMigMode`: the GPU's `mig` setting (default off), as both the current and the
+/// pending mode.
+pub fn mig_mode(dev: Option<usize>) -> R<bool> {
+    device("nvmlDeviceGetMigMode", dev, "", |w, d| Ok(gpu(w, d)?.mig))
 }
 
 /// A GPU's memory, bytes.

@@ -7,8 +7,8 @@
 //! it allocates device memory through the mock driver and waits to be killed.
 
 use abi::nvml::{
-    NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo, NvmlReturn, NVML_MEMORY_V2,
-    NVML_VALUE_NOT_AVAILABLE_UINT,
+    NvmlDevice, NvmlEnableState, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo, NvmlReturn,
+    NVML_MEMORY_V2, NVML_VALUE_NOT_AVAILABLE_UINT,
 };
 use mock_libcuda::world::config::{WorldConfig, NVML_FUNCTIONS};
 use mock_libcuda::world::{World, NVML_LIB};
@@ -162,6 +162,8 @@ type Mem = unsafe extern "C" fn(NvmlDevice, *mut NvmlMemory) -> NvmlReturn;
 type MemV2 = unsafe extern "C" fn(NvmlDevice, *mut NvmlMemoryV2) -> NvmlReturn;
 type Procs = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut NvmlProcessInfo) -> NvmlReturn;
 type ErrStr = unsafe extern "C" fn(NvmlReturn) -> *const c_char;
+type Persistence = unsafe extern "C" fn(NvmlDevice, *mut NvmlEnableState) -> NvmlReturn;
+type MigMode = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut c_uint) -> NvmlReturn;
 
 /// The entry points, resolved from the loaded library.
 struct Nvml {
@@ -178,6 +180,8 @@ struct Nvml {
     memory_v2: MemV2,
     procs: Procs,
     error_string: ErrStr,
+    persistence: Persistence,
+    mig: MigMode,
     _lib: libloading::Library,
 }
 
@@ -205,8 +209,26 @@ impl Nvml {
             memory_v2: sym!("nvmlDeviceGetMemoryInfo_v2"),
             procs: sym!("nvmlDeviceGetComputeRunningProcesses_v3"),
             error_string: sym!("nvmlErrorString"),
+            persistence: sym!("nvmlDeviceGetPersistenceMode"),
+            mig: sym!("nvmlDeviceGetMigMode"),
             _lib: lib,
         }
+    }
+
+    /// `nvmlDeviceGetPersistenceMode`.
+    fn persistence(&self, d: NvmlDevice) -> Result<NvmlEnableState, NvmlReturn> {
+        let mut m = NvmlEnableState(7);
+        // SAFETY: valid out-pointer.
+        let r = unsafe { (self.persistence)(d, &mut m) };
+        r.is_success().then_some(m).ok_or(r)
+    }
+
+    /// `nvmlDeviceGetMigMode`: (current, pending).
+    fn mig(&self, d: NvmlDevice) -> Result<(c_uint, c_uint), NvmlReturn> {
+        let (mut cur, mut pending) = (7, 7);
+        // SAFETY: valid out-pointers.
+        let r = unsafe { (self.mig)(d, &mut cur, &mut pending) };
+        r.is_success().then_some((cur, pending)).ok_or(r)
     }
 
     fn init(&self) -> NvmlReturn {
@@ -537,4 +559,50 @@ fn the_installed_library_is_libnvidia_ml_with_nvml_symbols_only_unless_absent() 
     .unwrap_err()
     .to_string();
     assert!(e.contains("present = true") && e.contains(NVML_LIB), "{e}");
+}
+
+#[test]
+fn persistence_and_mig_mode_are_the_gpus_settings() {
+    use abi::nvml::{NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE};
+    let _s = serial();
+    // The first GPU: persistence off and MIG on; the second: the defaults (on, off).
+    let text = config("").replacen(
+        "chip = \"GH100\"\n[[gpu]]",
+        "chip = \"GH100\"\npersistence = false\nmig = true\n[[gpu]]",
+        1,
+    );
+    let w = TestWorld::new(&text);
+    let n = w.nvml();
+    let d0 = n.by_index(0);
+    assert_eq!(d0, Err(NvmlReturn::ERROR_UNINITIALIZED));
+    assert!(n.init().is_success());
+    let (d0, d1) = (n.by_index(0).unwrap(), n.by_index(1).unwrap());
+    assert_eq!(n.persistence(d0), Ok(NvmlEnableState::DISABLED));
+    assert_eq!(n.persistence(d1), Ok(NvmlEnableState::ENABLED));
+    assert_eq!(
+        n.mig(d0),
+        Ok((NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE))
+    );
+    assert_eq!(
+        n.mig(d1),
+        Ok((NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE))
+    );
+    // NULL out-pointers and a pointer that is no handle.
+    // SAFETY: the stand-in checks its pointers (NULL is an argument error, not a write).
+    let r = unsafe { (n.persistence)(d0, std::ptr::null_mut()) };
+    assert_eq!(r, NvmlReturn::ERROR_INVALID_ARGUMENT);
+    let mut cur = 0;
+    // SAFETY: as above; `cur` is a valid out-pointer.
+    let r = unsafe { (n.mig)(d0, &mut cur, std::ptr::null_mut()) };
+    assert_eq!(r, NvmlReturn::ERROR_INVALID_ARGUMENT);
+    assert_eq!(
+        n.persistence(std::ptr::null_mut()),
+        Err(NvmlReturn::ERROR_INVALID_ARGUMENT)
+    );
+    let trace = std::fs::read_to_string(w.dir.path().join("trace.log")).unwrap();
+    assert!(
+        trace.contains("nvmlDeviceGetMigMode(dev=0) = NVML_SUCCESS"),
+        "traced like every call:\n{trace}"
+    );
+    assert!(n.shutdown().is_success());
 }

@@ -50,6 +50,40 @@ pub struct Snapshot {
     pub gpus: Vec<GpuMemory>,
 }
 
+/// What NVML says of the node for `cuda-plugin-doctor` ([`crate::ffi::nvml::node`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReport {
+    /// `nvmlSystemGetDriverVersion` (`580.65.06`), or why it failed.
+    pub driver_version: Result<String, NvmlReturn>,
+    /// Every GPU, in NVML's (host) order.
+    pub gpus: Vec<NodeGpu>,
+}
+
+/// One GPU of a [`NodeReport`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGpu {
+    pub uuid: GpuUuid,
+    /// `nvmlDeviceGetName`, or why it failed.
+    pub name: Result<String, NvmlReturn>,
+    /// Total memory, bytes.
+    pub total: u64,
+    /// `nvmlDeviceGetPersistenceMode`: on or off, or why it failed
+    /// (`NVML_ERROR_FUNCTION_NOT_FOUND` when the library lacks the function).
+    pub persistence: Result<bool, NvmlReturn>,
+    /// `nvmlDeviceGetMigMode`'s current mode: on or off, or why it failed
+    /// (`NVML_ERROR_NOT_SUPPORTED` on a GPU without MIG, which is never in MIG mode).
+    pub mig: Result<bool, NvmlReturn>,
+}
+
+impl NodeReport {
+    /// The driver branch, from the driver version's first number (`580.65.06` is 580).
+    #[must_use]
+    pub fn branch(&self) -> Option<u32> {
+        let v = self.driver_version.as_ref().ok()?;
+        v.split('.').next()?.trim().parse().ok()
+    }
+}
+
 /// Why NVML could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NvmlError {
@@ -157,6 +191,18 @@ mod tests {
 
     fn uuid(n: u8) -> GpuUuid {
         GpuUuid([n; 16])
+    }
+
+    #[test]
+    fn the_branch_is_the_driver_versions_first_number() {
+        let report = |v: Result<&str, NvmlReturn>| NodeReport {
+            driver_version: v.map(str::to_owned),
+            gpus: Vec::new(),
+        };
+        assert_eq!(report(Ok("580.65.06")).branch(), Some(580));
+        assert_eq!(report(Ok("615")).branch(), Some(615));
+        assert_eq!(report(Ok("r580")).branch(), None);
+        assert_eq!(report(Err(NvmlReturn::ERROR_UNKNOWN)).branch(), None);
     }
 
     #[test]

@@ -106,11 +106,27 @@ fn describe(fault: Fault, stat: Stat, euid: u32) -> String {
 }
 
 fn fix(fault: Fault, at: &Path, euid: u32) -> String {
+    format!("fix: {}", fix_command(fault, at, euid))
+}
+
+fn fix_command(fault: Fault, at: &Path, euid: u32) -> String {
     match fault {
-        Fault::Owner if euid == 0 => format!("fix: chown root {}", at.display()),
-        Fault::Owner => format!("fix: chown {euid} {} (or root)", at.display()),
-        Fault::GroupWritable | Fault::WorldWritable => {
-            format!("fix: chmod go-w {}", at.display())
+        Fault::Owner if euid == 0 => format!("chown root {}", at.display()),
+        Fault::Owner => format!("chown {euid} {} (or root)", at.display()),
+        Fault::GroupWritable | Fault::WorldWritable => format!("chmod go-w {}", at.display()),
+    }
+}
+
+impl TrustError {
+    /// The command that fixes an untrusted path, as the error's message ends with it
+    /// (`chmod go-w /etc/criu`); `None` for a path that could not be checked.
+    #[must_use]
+    pub fn fix_command(&self) -> Option<String> {
+        match self {
+            TrustError::Untrusted {
+                fault, at, euid, ..
+            } => Some(fix_command(*fault, at, *euid)),
+            TrustError::Unreadable { .. } => None,
         }
     }
 }

@@ -193,6 +193,44 @@ pub fn load() -> Result<Arc<dyn CudaDriver>, LoadError> {
     Ok(Arc::new(d))
 }
 
+/// The checkpoint API's entry points, in the order [`load`] resolves them.
+pub const CHECKPOINT_SYMBOLS: [&str; 6] = [
+    "cuCheckpointProcessGetRestoreThreadId",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+];
+
+/// Which of `names` the driver library exports (looked up with `dlsym`, nothing called), in
+/// the order given: what `cuda-plugin-doctor` reports of the checkpoint API.
+pub fn exported(names: &[&str]) -> Result<Vec<bool>, LoadError> {
+    let lib = library()?;
+    Ok(names
+        .iter()
+        .map(|n| {
+            let mut c = n.as_bytes().to_vec();
+            c.push(0);
+            // SAFETY: only the symbol's presence is asked; the pointer is never called or
+            // dereferenced (the type is a placeholder for an address).
+            unsafe { lib.get::<*const std::ffi::c_void>(&c) }.is_ok()
+        })
+        .collect())
+}
+
+/// `cuDriverGetVersion` alone, without the checkpoint API ([`load`] needs all of it): the
+/// CUDA version of a driver too old for the driver-API backend. Calls nothing else (no
+/// `cuInit`).
+pub fn driver_version() -> Result<Result<i32, CUresult>, LoadError> {
+    let lib = library()?;
+    let f = entry!(lib, "cuDriverGetVersion", DriverGetVersionFn);
+    let mut v: c_int = 0;
+    // SAFETY: `cuDriverGetVersion(int *)` writes one int through a valid pointer.
+    let r = unsafe { f(&mut v) };
+    Ok(if r.is_success() { Ok(v) } else { Err(r) })
+}
+
 impl CudaDriver for LoadedDriver {
     fn driver_version(&self) -> Result<i32, CUresult> {
         let mut v: c_int = 0;
