@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// The staging chunk: each GPU of a job holds [`BUFFERS`] pinned buffers of this size. 16 MiB
+/// The staging chunk: each GPU of a job holds three pinned buffers of this size. 16 MiB
 /// keeps the per-call overhead of the copies and writes under 1 % at tens of GB/s while eight
 /// GPUs' buffers stay within 384 MiB of pinned memory.
 pub const CHUNK: u32 = 16 << 20;

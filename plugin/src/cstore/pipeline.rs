@@ -28,7 +28,7 @@
 //! but refuses the first transfer with `EINVAL` is reopened buffered by path there and then
 //! ([`ImageFile::direct`] tells which was used). Every transfer is a multiple of
 //! [`ALIGN`] at an aligned file offset, from or to an aligned buffer: the staging buffers
-//! ([`DeviceCopy::buffer`], whose alignment is checked when the file is direct) and
+//! ([`DeviceCopy::take_buffers`], whose alignment is checked when the file is direct) and
 //! [`AlignedBuf`] for the frame blocks.
 
 use super::format::{self, FormatError, Frame, Header, Walker, ALIGN, ALIGN64};
