@@ -12,7 +12,8 @@
 #        - buster's (2.28, RHEL/Alma 8's level) from archive.debian.org, when that answers
 #          (otherwise reported as skipped, with the reason);
 #        - x86_64 also on the host's own glibc.
-#      The aarch64 plugin runs the same way under qemu-user's qemu-aarch64.
+#      The aarch64 plugin runs the same way under qemu-user's qemu-aarch64. Each tarball's
+#      cuda-plugin-doctor runs (`--version`) on each of those glibcs too.
 #   2. real CRIU (x86_64, root): the scenario corpus's real-CRIU variants
 #      (harness/tests/scenarios.rs, `-- '[criu]'`) and plugin/tests/real_criu.rs (what the corpus
 #      cannot express: CRIU killed mid-run, an unprivileged CRIU, ...), both with
@@ -156,6 +157,20 @@ run_check() {
     fi
 }
 
+# run_doctor LABEL COMMAND...: the tarball's cuda-plugin-doctor starts (`--version`) where the
+# plugin loads, records the result.
+run_doctor() {
+    local label=$1 out
+    shift
+    if out=$("$@" --version 2>&1) && grep -q '^cuda-plugin-doctor [0-9]' <<<"$out"; then
+        printf '    %s\n' "$out"
+        result "$label" "ok"
+    else
+        printf '%s\n' "$out" | sed 's/^/    /'
+        result "$label" "FAILED: $(tail -n1 <<<"$out")"
+    fi
+}
+
 x86_so=""
 for tarball in "${tarballs[@]}"; do
     base=$(basename "$tarball")
@@ -189,6 +204,7 @@ for tarball in "${tarballs[@]}"; do
         host_glibc=$(getconf GNU_LIBC_VERSION | sed 's/^glibc //')
         say "$name: load check on the host's glibc $host_glibc"
         run_check "$arch on the host's glibc $host_glibc" "$host_glibc" "$loader" "$so" cuda_plugin
+        run_doctor "$arch cuda-plugin-doctor on the host's glibc $host_glibc" "$work/$name/cuda-plugin-doctor"
     fi
 
     for entry in "${glibc_suites[@]}"; do
@@ -215,6 +231,8 @@ for tarball in "${tarballs[@]}"; do
         say "$name: load check on $suite's glibc $want"
         run_check "$label" "$want" "${emulator[@]}" "$libdir/$ld" --library-path "$libdir" \
             "$loader" "$so" cuda_plugin
+        run_doctor "$arch cuda-plugin-doctor on Debian $suite's glibc $want" "${emulator[@]}" \
+            "$libdir/$ld" --library-path "$libdir" "$work/$name/cuda-plugin-doctor"
     done
     [ "$arch" = x86_64 ] && x86_so=$so
 done

@@ -3,8 +3,10 @@
 # binutils reads ELF files of any architecture). For each
 # criu-cuda-plugin-<version>-<arch>-linux-gnu.tar.gz:
 #
-#   - it holds exactly <name>/{cuda_plugin.so,cuda_plugin.so.debug,INSTALL,LICENSE,SHA256SUMS},
-#     and SHA256SUMS matches the files;
+#   - it holds exactly <name>/{cuda_plugin.so,cuda_plugin.so.debug,cuda-plugin-doctor,INSTALL,
+#     LICENSE,SHA256SUMS}, and SHA256SUMS matches the files;
+#   - cuda-plugin-doctor is an executable 64-bit ELF program for <arch>, stripped, with the
+#     plugin's glibc floor and library rules below;
 #   - cuda_plugin.so is a 64-bit little-endian ELF shared object for <arch>;
 #   - glibc floor: the highest GLIBC_x.y version it needs is at most GLIBC_2.17, and every
 #     symbol it needs that is not weak has a version (an unversioned one binds to whatever the
@@ -62,6 +64,53 @@ fail() {
 # version_le A B: A <= B for dotted versions.
 version_le() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]; }
 
+# glibc_floor_of NAME FILE: checks that FILE needs no GLIBC_ version above the floor and no
+# unversioned symbol that is not weak; sets `highest` to the highest version it needs. (Not
+# run in a command substitution: `fail` counts in this shell.)
+glibc_floor_of() {
+    local what=$1 f=$2 glibc above unversioned
+    glibc=$(readelf -V -W "$f" | grep -o 'Name: GLIBC_[0-9][0-9.]*' | sed 's/^Name: GLIBC_//' | sort -uV)
+    highest=$(tail -n1 <<<"$glibc")
+    if [ -z "$highest" ]; then
+        fail "$what needs no GLIBC_ symbol version at all (readelf -V found none): not a glibc build?"
+    elif ! version_le "$highest" "$glibc_floor"; then
+        above=$(readelf --dyn-syms -W "$f" | awk '$7 == "UND" {print $8}' | grep -F '@GLIBC_' |
+            while read -r s; do
+                v=${s#*@GLIBC_}
+                v=${v%% *}
+                version_le "$v" "$glibc_floor" || printf '%s ' "$s"
+            done)
+        fail "$what needs GLIBC_$highest, above the floor GLIBC_$glibc_floor (symbols: ${above:-see readelf -V})"
+    fi
+    # Undefined, not weak, and without a version: bound to whatever the host has, if anything.
+    unversioned=$(readelf --dyn-syms -W "$f" | awk '$7 == "UND" && $5 != "WEAK" && $8 != "" && $8 !~ /@/ {print $8}' | tr '\n' ' ')
+    [ -z "$unversioned" ] ||
+        fail "$what needs symbols without a version, which glibc $glibc_floor may lack: $unversioned(use the raw system call, or a weak reference with a fallback)"
+}
+
+# needed_ok NAME FILE: FILE needs only glibc's libraries, and never libcuda; sets `needed`.
+needed_ok() {
+    local what=$1 f=$2 lib
+    needed=$(readelf -d -W "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p')
+    for lib in $needed; do
+        case "$lib" in
+        libcuda*) fail "$what links $lib: the driver must be dlopen()ed, not needed" ;;
+        *) [[ " $allowed_needed " == *" $lib "* ]] || fail "$what needs $lib, not one of: $allowed_needed" ;;
+        esac
+    done
+}
+
+# stripped NAME FILE: FILE has no .symtab and no .debug_* section. .debug_gdb_scripts is
+# not debug information: rustc puts it in a Rust program's loaded image (a few bytes that
+# ask gdb for Rust's pretty-printers), so strip keeps it and so does this check.
+stripped() {
+    local sections stray
+    sections=$(readelf -S -W "$2" | sed -n 's/^ *\[ *[0-9]*\] \([^ ]*\) .*/\1/p')
+    stray=$(grep -E '^(\.symtab|\.debug_)' <<<"$sections" | grep -vx '\.debug_gdb_scripts' |
+        tr '\n' ' ' || true)
+    [ -z "$stray" ] || fail "$1 is not stripped: it has $stray"
+}
+
 for tarball in "$@"; do
     base=$(basename "$tarball")
     name=${base%.tar.gz}
@@ -81,9 +130,9 @@ for tarball in "$@"; do
         continue
     }
     expected=$(printf '%s\n' "$name/" "$name/INSTALL" "$name/LICENSE" "$name/SHA256SUMS" \
-        "$name/cuda_plugin.so" "$name/cuda_plugin.so.debug" | sort)
+        "$name/cuda_plugin.so" "$name/cuda_plugin.so.debug" "$name/cuda-plugin-doctor" | sort)
     if [ "$listing" != "$expected" ]; then
-        fail "contents differ from the expected five files in $name/: $(diff <(printf '%s\n' "$expected") <(printf '%s\n' "$listing") | grep '^[<>]' | tr '\n' ' ')"
+        fail "contents differ from the expected six files in $name/: $(diff <(printf '%s\n' "$expected") <(printf '%s\n' "$listing") | grep '^[<>]' | tr '\n' ' ')"
         continue
     fi
     mkdir -p "$work/$name"
@@ -107,23 +156,7 @@ for tarball in "$@"; do
     [ "$(field Machine)" = "$machine" ] || fail "cuda_plugin.so is for '$(field Machine)', not $arch ('$machine')"
 
     # --- glibc floor
-    glibc=$(readelf -V -W "$so" | grep -o 'Name: GLIBC_[0-9][0-9.]*' | sed 's/^Name: GLIBC_//' | sort -uV)
-    highest=$(tail -n1 <<<"$glibc")
-    if [ -z "$highest" ]; then
-        fail "cuda_plugin.so needs no GLIBC_ symbol version at all (readelf -V found none): not a glibc build?"
-    elif ! version_le "$highest" "$glibc_floor"; then
-        above=$(readelf --dyn-syms -W "$so" | awk '$7 == "UND" {print $8}' | grep -F '@GLIBC_' |
-            while read -r s; do
-                v=${s#*@GLIBC_}
-                v=${v%% *}
-                version_le "$v" "$glibc_floor" || printf '%s ' "$s"
-            done)
-        fail "cuda_plugin.so needs GLIBC_$highest, above the floor GLIBC_$glibc_floor (symbols: ${above:-see readelf -V})"
-    fi
-    # Undefined, not weak, and without a version: bound to whatever the host has, if anything.
-    unversioned=$(readelf --dyn-syms -W "$so" | awk '$7 == "UND" && $5 != "WEAK" && $8 != "" && $8 !~ /@/ {print $8}' | tr '\n' ' ')
-    [ -z "$unversioned" ] ||
-        fail "cuda_plugin.so needs symbols without a version, which glibc $glibc_floor may lack: $unversioned(use the raw system call, or a weak reference with a fallback)"
+    glibc_floor_of cuda_plugin.so "$so"
 
     # --- size
     size=$(stat -c %s "$so")
@@ -137,18 +170,10 @@ for tarball in "$@"; do
     done
 
     # --- needed libraries
-    needed=$(readelf -d -W "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p')
-    for lib in $needed; do
-        case "$lib" in
-        libcuda*) fail "cuda_plugin.so links $lib: the driver must be dlopen()ed, not needed" ;;
-        *) [[ " $allowed_needed " == *" $lib "* ]] || fail "cuda_plugin.so needs $lib, not one of: $allowed_needed" ;;
-        esac
-    done
+    needed_ok cuda_plugin.so "$so"
 
     # --- stripped, with its debug file
-    sections=$(readelf -S -W "$so" | sed -n 's/^ *\[ *[0-9]*\] \([^ ]*\) .*/\1/p')
-    stray=$(grep -E '^(\.symtab|\.debug_)' <<<"$sections" | tr '\n' ' ' || true)
-    [ -z "$stray" ] || fail "cuda_plugin.so is not stripped: it has $stray"
+    stripped cuda_plugin.so "$so"
     link=$(readelf -p .gnu_debuglink -W "$so" 2>/dev/null | sed -n 's/^ *\[ *0\] *//p')
     [ "$link" = cuda_plugin.so.debug ] ||
         fail "cuda_plugin.so's .gnu_debuglink names '${link:-nothing}', not cuda_plugin.so.debug"
@@ -161,7 +186,22 @@ for tarball in "$@"; do
     readelf -S -W "$d/cuda_plugin.so.debug" | grep -q ' \.debug_info ' ||
         fail "cuda_plugin.so.debug has no .debug_info"
 
-    say "$name: cuda_plugin.so $size bytes (limit $max_so_bytes), highest symbol version GLIBC_$highest (floor GLIBC_$glibc_floor), needs $(printf '%s' "$needed" | paste -sd, -), tarball $(stat -c %s "$tarball") bytes"
+    # --- the doctor
+    doctor=$d/cuda-plugin-doctor
+    dheader=$(readelf -h "$doctor")
+    dfield() { sed -n "s/^ *$1: *//p" <<<"$dheader"; }
+    [ "$(dfield Class)" = ELF64 ] || fail "cuda-plugin-doctor is $(dfield Class), not ELF64"
+    [ "$(dfield Machine)" = "$machine" ] || fail "cuda-plugin-doctor is for '$(dfield Machine)', not $arch ('$machine')"
+    readelf -l -W "$doctor" | grep -q ' INTERP ' || fail "cuda-plugin-doctor is not a program (no INTERP segment)"
+    [ -x "$doctor" ] || fail "cuda-plugin-doctor is not executable"
+    so_highest=$highest so_needed=$needed
+    glibc_floor_of cuda-plugin-doctor "$doctor"
+    dhighest=$highest
+    needed_ok cuda-plugin-doctor "$doctor"
+    stripped cuda-plugin-doctor "$doctor"
+    highest=$so_highest needed=$so_needed
+
+    say "$name: cuda_plugin.so $size bytes (limit $max_so_bytes), highest symbol version GLIBC_$highest (floor GLIBC_$glibc_floor), needs $(printf '%s' "$needed" | paste -sd, -); cuda-plugin-doctor $(stat -c %s "$doctor") bytes, GLIBC_$dhighest; tarball $(stat -c %s "$tarball") bytes"
 done
 
 if [ "$failures" -gt 0 ]; then

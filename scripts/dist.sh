@@ -6,9 +6,10 @@
 #     criu-cuda-plugin-<version>-<arch>-linux-gnu/
 #       cuda_plugin.so        stripped; names its debug file (.gnu_debuglink) and has a build-id
 #       cuda_plugin.so.debug  the debug info (objcopy --only-keep-debug, zlib-compressed)
+#       cuda-plugin-doctor    the node doctor (docs/doctor.md), stripped, same glibc floor
 #       INSTALL               where the files go, how to check that CRIU loaded the plugin
 #       LICENSE               Apache-2.0
-#       SHA256SUMS            of the four files above
+#       SHA256SUMS            of the five files above
 #   target/dist/SHA256SUMS    of this version's tarballs in target/dist
 # (target/dist/ is also where cargo puts the dist profile's host artifacts, build scripts and
 # proc-macros, in build/ and deps/: the tarballs sit beside them.)
@@ -20,15 +21,16 @@
 #   1. Tools (scripts/lib/dist-tools.sh): pinned Zig and cargo-zigbuild from PyPI in a venv
 #      under target/dist-tools, and the Rust standard library of each target (`rustup target
 #      add`; needs rustup's download server).
-#   2. `cargo zigbuild --locked --profile dist -p cuda-plugin --lib --target
-#      <arch>-unknown-linux-gnu.2.17` (one run for every architecture, built side by side):
+#   2. `cargo zigbuild --locked --profile dist -p cuda-plugin -p cuda-plugin-doctor --lib --bin
+#      cuda-plugin-doctor --target <arch>-unknown-linux-gnu.2.17` (one run for every
+#      architecture, built side by side):
 #      Cargo.toml's `dist` profile (release with fat LTO, one
 #      codegen unit, full debug info, panic=unwind) linked by Zig against glibc 2.17's symbol
 #      versions, with a GNU build-id, and the Rust code's paths remapped (/criu-cuda, /cargo).
 #      Why 2.17: it is the oldest glibc the Rust standard library supports on Linux, and the
 #      first glibc release for aarch64; the plugin itself needs nothing newer.
 #   3. objcopy (binutils; binutils-aarch64-linux-gnu's aarch64-linux-gnu-objcopy for aarch64)
-#      splits the debug info off and strips the .so.
+#      splits the debug info off and strips the .so, and strips the doctor.
 #   4. tar with sorted names, owner root and every mtime at SOURCE_DATE_EPOCH, gzip -n: the same
 #      commit, tools and checkout directory give the same bytes. (Another directory gives the
 #      same code but another build-id: the debug info of the unwinder Zig builds in records
@@ -158,7 +160,8 @@ for arch in "${arches[@]}"; do
     targets+=(--target "$arch-unknown-linux-gnu.$floor")
 done
 say "building: cargo zigbuild --profile dist ${targets[*]}"
-RUSTFLAGS=$rustflags cargo zigbuild --locked --profile dist -p cuda-plugin --lib "${targets[@]}" ||
+RUSTFLAGS=$rustflags cargo zigbuild --locked --profile dist -p cuda-plugin -p cuda-plugin-doctor \
+    --lib --bin cuda-plugin-doctor "${targets[@]}" ||
     die "cargo zigbuild ${targets[*]} failed"
 tarballs=()
 for arch in "${arches[@]}"; do
@@ -166,6 +169,8 @@ for arch in "${arches[@]}"; do
     name=criu-cuda-plugin-$version-$arch-linux-gnu
     so=$target_dir/$triple/dist/libcuda_plugin.so
     [ -f "$so" ] || die "the build did not produce $so"
+    doctor=$target_dir/$triple/dist/cuda-plugin-doctor
+    [ -f "$doctor" ] || die "the build did not produce $doctor"
 
     stage=$(mktemp -d "$out/.stage-$arch.XXXXXX")
     d=$stage/$name
@@ -175,11 +180,15 @@ for arch in "${arches[@]}"; do
         die "$objcopy --only-keep-debug $so failed"
     (cd "$d" && "$objcopy" --strip-all --add-gnu-debuglink=cuda_plugin.so.debug "$so" cuda_plugin.so) ||
         die "$objcopy --strip-all --add-gnu-debuglink $so failed"
+    "$objcopy" --strip-all "$doctor" "$d/cuda-plugin-doctor" ||
+        die "$objcopy --strip-all $doctor failed"
     sed -e "s/@VERSION@/$version/g" -e "s/@ARCH@/$arch/g" packaging/INSTALL.in >"$d/INSTALL"
     cp LICENSE "$d/LICENSE"
-    (cd "$d" && sha256sum cuda_plugin.so cuda_plugin.so.debug INSTALL LICENSE >SHA256SUMS)
+    (cd "$d" && sha256sum cuda_plugin.so cuda_plugin.so.debug cuda-plugin-doctor INSTALL LICENSE \
+        >SHA256SUMS)
     chmod 0755 "$d"
     chmod 0644 "$d"/*
+    chmod 0755 "$d/cuda-plugin-doctor"
     tarball=$out/$name.tar.gz
     tar --sort=name --format=gnu --owner=0 --group=0 --numeric-owner \
         --mtime="@$SOURCE_DATE_EPOCH" -C "$stage" -cf - "$name" | gzip -9 -n >"$tarball.tmp" ||
