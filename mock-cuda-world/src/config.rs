@@ -280,8 +280,10 @@ pub struct GpuConfig {
     /// Persistence mode, as `nvmlDeviceGetPersistenceMode` reports it (default on).
     #[serde(default = "yes")]
     pub persistence: bool,
-    /// MIG mode, as `nvmlDeviceGetMigMode` reports it (default off). Only NVML reports it: the
-    /// mock driver does not refuse a checkpoint on a GPU in MIG mode.
+    /// MIG mode, as `nvmlDeviceGetMigMode` reports it (default off). The mock driver cannot
+    /// checkpoint a process with a context on such a GPU: its checkpoint returns
+    /// `CUDA_ERROR_OUT_OF_MEMORY` (as NVIDIA's cuda-checkpoint issue #42 reports), the process
+    /// staying LOCKED.
     #[serde(default)]
     pub mig: bool,
 }

@@ -682,6 +682,9 @@ impl Runtime {
                 if g.state() != CUprocessState::LOCKED {
                     return CUresult::ERROR_ILLEGAL_STATE;
                 }
+                if let Err(code) = refuse_mig(&self.world(), self.id) {
+                    return code;
+                }
                 *self.open_op.lock().unwrap_or_else(|p| p.into_inner()) = Some(OpenOp {
                     restore: false,
                     caller: caller.clone(),
@@ -1016,6 +1019,7 @@ impl Runtime {
     fn checkpoint_memory(&self) -> Result<(), CUresult> {
         let world = &*self.world();
         let id = self.id;
+        refuse_mig(world, id)?;
         let allocations = world
             .read_state()
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
@@ -1284,6 +1288,29 @@ impl Runtime {
         );
         world.remove_progress(self.id);
         crate::ffi::sys::crash(Some("SIGKILL"))
+    }
+}
+
+/// The driver cannot checkpoint a process on a GPU in MIG mode (NVIDIA's cuda-checkpoint issue
+/// #42: the checkpoint fails with "out of memory"): a LOCKED process with a context on such a GPU
+/// stays LOCKED and its checkpoint returns `CUDA_ERROR_OUT_OF_MEMORY`, host-staged or with
+/// custom storage alike. The model assumes the failure comes at the checkpoint, after a lock that
+/// succeeded, and changes nothing.
+fn refuse_mig(world: &World, id: u64) -> Result<(), CUresult> {
+    let contexts = world
+        .read_state()
+        .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
+        .processes
+        .get(&id)
+        .map(|e| e.contexts.clone())
+        .unwrap_or_default();
+    let on_mig = contexts
+        .iter()
+        .any(|c| world.config().gpu(c.0).is_some_and(|g| g.mig));
+    if on_mig {
+        Err(CUresult::ERROR_OUT_OF_MEMORY)
+    } else {
+        Ok(())
     }
 }
 

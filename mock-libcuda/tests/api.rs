@@ -280,3 +280,34 @@ fn a_process_whose_seccomp_profile_blocks_its_gpu_handle_refuses_to_start() {
     );
     assert!(w.report(2).contains("READY"), "{}", w.report(2));
 }
+
+#[test]
+fn a_process_on_a_gpu_in_mig_mode_locks_but_cannot_be_checkpointed() {
+    let _s = serial();
+    // GPU1 in MIG mode: a process with a context on it (and one on GPU0 only, beside it).
+    let mig =
+        testkit::world::h100(GPU1).replace("chip = \"GH100\"\n", "chip = \"GH100\"\nmig = true\n");
+    let text = format!(
+        "schema = 1\n[driver]\nbranch = 580\nrequest_timeout_ms = 1500\n{}{mig}",
+        testkit::world::h100(GPU0)
+    );
+    let mut w = TestWorld::new(&text);
+    let on_mig = w.spawn_app(&["--gpus", "0,1", "--kib", "4"]);
+    let plain = w.spawn_app(&["--gpus", "0", "--kib", "4"]);
+    driver::init(0).unwrap();
+    driver::lock(on_mig, 5000).unwrap();
+    assert_eq!(
+        driver::checkpoint(on_mig),
+        Err(CUresult::ERROR_OUT_OF_MEMORY),
+        "NVIDIA's cuda-checkpoint #42: \"out of memory\""
+    );
+    assert_eq!(driver::get_state(on_mig), Ok(CUprocessState::LOCKED));
+    driver::unlock(on_mig).unwrap();
+    assert!(w.verify(0, on_mig).starts_with("PASS"));
+    // Only a process on the MIG GPU is refused.
+    driver::lock(plain, 5000).unwrap();
+    driver::checkpoint(plain).unwrap();
+    driver::restore(plain, &[]).unwrap();
+    driver::unlock(plain).unwrap();
+    assert!(w.verify(1, plain).starts_with("PASS"));
+}

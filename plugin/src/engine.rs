@@ -125,6 +125,11 @@ pub enum EngineError {
         crate::nvml::gib(*available)
     )]
     HostTooSmall { pid: Pid, need: u64, available: u64 },
+    #[error("{}", mig_message(on_mig))]
+    MigGpu {
+        /// Each task of the tree with a context on a GPU in MIG mode, and that GPU.
+        on_mig: Vec<(Pid, abi::GpuUuid)>,
+    },
     #[error("CHECKPOINT_DEVICES pid {pid}: failed to add cuda_plugin to the inventory")]
     Inventory {
         pid: Pid,
@@ -172,10 +177,26 @@ impl crate::message::Caused for EngineError {
             | Self::ForeignLock { .. }
             | Self::Stopped { .. }
             | Self::HostTooSmall { .. }
+            | Self::MigGpu { .. }
             | Self::NoRestoreThread { .. }
             | Self::RollbackIncomplete { .. } => None,
         }
     }
+}
+
+fn mig_message(on_mig: &[(Pid, abi::GpuUuid)]) -> String {
+    let tasks: Vec<String> = on_mig
+        .iter()
+        .map(|(pid, gpu)| format!("pid {pid} on {gpu}"))
+        .collect();
+    format!(
+        "PAUSE_DEVICES: {} task(s) of the tree run on a GPU in MIG mode (NVML): {}; the CUDA \
+         driver cannot checkpoint a process on a MIG instance (its checkpoint fails, reported \
+         as out of memory), so the dump is refused before any task is locked; to checkpoint \
+         the job, run it on GPUs with MIG mode disabled",
+        on_mig.len(),
+        tasks.join(", ")
+    )
 }
 
 fn freeze_timeout_message(
@@ -787,8 +808,16 @@ impl Engine {
                 available.map_or_else(|| "unknown".to_owned(), crate::nvml::gib)
             ),
         );
+        // The driver cannot checkpoint a process on a MIG instance: refused before any lock.
+        let on_mig: Vec<(Pid, abi::GpuUuid)> = tree
+            .iter()
+            .flat_map(|&p| snapshot.mig_gpus_of(p).into_iter().map(move |g| (p, g)))
+            .collect();
         self.sizes.all_gpus = Some(snapshot.all_memory());
         self.sizes.snapshot = Some(snapshot);
+        if !on_mig.is_empty() {
+            return Err(EngineError::MigGpu { on_mig });
+        }
         match available {
             Some(available) if need > available && !self.cfg.skip_capacity_check => {
                 Err(EngineError::HostTooSmall {

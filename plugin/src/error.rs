@@ -118,6 +118,7 @@ impl PluginError {
                 EngineError::ForeignLock { .. } => libc::EBUSY,
                 EngineError::Stopped { .. } => libc::EAGAIN,
                 EngineError::HostTooSmall { .. } => libc::ENOMEM,
+                EngineError::MigGpu { .. } => libc::ENODEV,
                 EngineError::Inventory { .. }
                 | EngineError::GpuInventory { .. }
                 | EngineError::ImageIo { .. }

@@ -17,10 +17,14 @@
 //!   those bytes take at [`DEFAULT_MIN_COPY_RATE`] (1 GB/s, a sixth of the driver's usual rate),
 //!   so a copy that makes progress at any plausible rate is never cut off, and a hung one is
 //!   still given up on after a bound that is known in advance (logged per task).
+//! * **MIG at dump.** The same survey refuses the dump, before any lock, when a task of the tree
+//!   has a context on a GPU in MIG mode (`nvmlDeviceGetMigMode`): the driver cannot checkpoint a
+//!   process on a MIG instance (NVIDIA's cuda-checkpoint issue #42: the checkpoint fails with
+//!   "out of memory", after the lock). `check-capacity=off` does not turn this off.
 //!
-//! Both checks can be turned off (`cuda_plugin.check-capacity=off`). Without NVML they are
-//! skipped with a warning, and a copy's size is taken to be all the memory of all GPUs (a
-//! bound, not an estimate).
+//! Both capacity checks can be turned off (`cuda_plugin.check-capacity=off`). Without NVML all
+//! three are skipped with a warning, and a copy's size is taken to be all the memory of all GPUs
+//! (a bound, not an estimate).
 
 use crate::backend::Pid;
 use abi::nvml::NvmlReturn;
@@ -42,6 +46,9 @@ pub struct GpuMemory {
     /// The processes with a compute context on it (host pids) and the memory each uses
     /// (`None`: NVML cannot account it).
     pub processes: Vec<(u32, Option<u64>)>,
+    /// `nvmlDeviceGetMigMode`'s current mode (`None`: unknown, e.g. an NVML without the
+    /// function; a GPU without MIG support is `Some(false)`).
+    pub mig: Option<bool>,
 }
 
 /// Every GPU NVML sees.
@@ -117,6 +124,19 @@ impl Snapshot {
             }
         }
         Some(out)
+    }
+
+    /// The GPUs in MIG mode on which `pid` has a compute context (NVML's process list).
+    #[must_use]
+    pub fn mig_gpus_of(&self, pid: Pid) -> Vec<GpuUuid> {
+        let Ok(pid) = u32::try_from(pid) else {
+            return Vec::new();
+        };
+        self.gpus
+            .iter()
+            .filter(|g| g.mig == Some(true) && g.processes.iter().any(|&(p, _)| p == pid))
+            .map(|g| g.uuid)
+            .collect()
     }
 
     /// All the memory of all GPUs: the most any copy can move.
@@ -214,12 +234,14 @@ mod tests {
                     total: 80 << 30,
                     free: 10 << 30,
                     processes: vec![(10, Some(40 << 30)), (11, Some(30 << 30))],
+                    mig: Some(false),
                 },
                 GpuMemory {
                     uuid: uuid(2),
                     total: 80 << 30,
                     free: 70 << 30,
                     processes: vec![(10, Some(10 << 30)), (12, None)],
+                    mig: Some(true),
                 },
             ],
         };
@@ -228,6 +250,10 @@ mod tests {
         assert_eq!(t[&uuid(2)], 10 << 30);
         assert_eq!(s.task_bytes(12), None, "NVML cannot account it");
         assert_eq!(s.task_bytes(99), Some(BTreeMap::new()), "not on any GPU");
+        assert_eq!(s.mig_gpus_of(10), vec![uuid(2)], "on the MIG GPU too");
+        assert_eq!(s.mig_gpus_of(12), vec![uuid(2)], "listed, unaccounted");
+        assert_eq!(s.mig_gpus_of(11), Vec::<GpuUuid>::new(), "not in MIG mode");
+        assert_eq!(s.mig_gpus_of(-1), Vec::<GpuUuid>::new());
         assert_eq!(s.all_memory(), 160 << 30);
         let need = BTreeMap::from([(uuid(1), 20 << 30), (uuid(2), 20 << 30), (uuid(3), 1)]);
         let short = shortfalls(&s, &need);

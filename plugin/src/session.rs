@@ -774,6 +774,7 @@ mod tests {
                 total: 81 << 30,
                 free,
                 processes: Vec::new(),
+                mig: None,
             }],
         };
         let mut svc = Svc {

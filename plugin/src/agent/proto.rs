@@ -174,10 +174,20 @@ impl From<WireGpu> for GpuInfo {
     }
 }
 
-/// One GPU of a [`WireSnapshot`]: UUID, total and free bytes, processes (pid, bytes used).
-pub type WireGpuMemory = ([u8; 16], u64, u64, Vec<(u32, Option<u64>)>);
+/// One GPU of a [`WireSnapshot`] ([`GpuMemory`] on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireGpuMemory {
+    pub uuid: [u8; 16],
+    /// Total and free bytes.
+    pub total: u64,
+    pub free: u64,
+    /// Processes: host pid, bytes used.
+    pub processes: Vec<(u32, Option<u64>)>,
+    /// MIG mode (`None`: unknown).
+    pub mig: Option<bool>,
+}
 
-/// [`Snapshot`] on the wire: per GPU (UUID, total, free, processes).
+/// [`Snapshot`] on the wire: per GPU (UUID, total, free, processes, MIG mode).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WireSnapshot {
     pub gpus: Vec<WireGpuMemory>,
@@ -189,7 +199,13 @@ impl From<&Snapshot> for WireSnapshot {
             gpus: s
                 .gpus
                 .iter()
-                .map(|g| (g.uuid.0, g.total, g.free, g.processes.clone()))
+                .map(|g| WireGpuMemory {
+                    uuid: g.uuid.0,
+                    total: g.total,
+                    free: g.free,
+                    processes: g.processes.clone(),
+                    mig: g.mig,
+                })
                 .collect(),
         }
     }
@@ -201,11 +217,12 @@ impl From<WireSnapshot> for Snapshot {
             gpus: s
                 .gpus
                 .into_iter()
-                .map(|(uuid, total, free, processes)| GpuMemory {
-                    uuid: abi::GpuUuid(uuid),
-                    total,
-                    free,
-                    processes,
+                .map(|g| GpuMemory {
+                    uuid: abi::GpuUuid(g.uuid),
+                    total: g.total,
+                    free: g.free,
+                    processes: g.processes,
+                    mig: g.mig,
                 })
                 .collect(),
         }
@@ -914,6 +931,25 @@ impl Wire for WireGpu {
     }
 }
 
+impl Wire for WireGpuMemory {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.uuid.put(out);
+        self.total.put(out);
+        self.free.put(out);
+        self.processes.put(out);
+        self.mig.put(out);
+    }
+    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(WireGpuMemory {
+            uuid: Wire::take(r)?,
+            total: Wire::take(r)?,
+            free: Wire::take(r)?,
+            processes: Wire::take(r)?,
+            mig: Wire::take(r)?,
+        })
+    }
+}
+
 impl Wire for WireSnapshot {
     fn put(&self, out: &mut Vec<u8>) {
         self.gpus.put(out);
@@ -1180,13 +1216,20 @@ mod tests {
             Reply::Nvml(Ok(WireSnapshot { gpus: vec![] })),
             Reply::Nvml(Ok(WireSnapshot {
                 gpus: vec![
-                    (
-                        uuid(1),
-                        80 << 30,
-                        1 << 30,
-                        vec![(100, Some(5)), (101, None)],
-                    ),
-                    (uuid(2), 0, 0, vec![]),
+                    WireGpuMemory {
+                        uuid: uuid(1),
+                        total: 80 << 30,
+                        free: 1 << 30,
+                        processes: vec![(100, Some(5)), (101, None)],
+                        mig: Some(true),
+                    },
+                    WireGpuMemory {
+                        uuid: uuid(2),
+                        total: 0,
+                        free: 0,
+                        processes: vec![],
+                        mig: None,
+                    },
                 ],
             })),
             Reply::Nvml(Err("NVML not found".into())),
@@ -1533,7 +1576,15 @@ mod tests {
                 any::<u64>(),
                 any::<u64>(),
                 proptest::collection::vec(any::<(u32, Option<u64>)>(), 0..4),
-            ),
+                any::<Option<bool>>(),
+            )
+                .prop_map(|(uuid, total, free, processes, mig)| WireGpuMemory {
+                    uuid,
+                    total,
+                    free,
+                    processes,
+                    mig,
+                }),
             0..4,
         )
         .prop_map(|gpus| WireSnapshot { gpus });
@@ -1673,6 +1724,7 @@ mod tests {
                 total: 80 << 30,
                 free: 1,
                 processes: vec![(5, Some(3)), (6, None)],
+                mig: Some(false),
             }],
         };
         assert_eq!(Snapshot::from(WireSnapshot::from(&s)), s);

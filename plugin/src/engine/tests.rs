@@ -1555,6 +1555,7 @@ fn nvml_with(gib_per_task: u64) -> crate::nvml::Snapshot {
                 (100, Some(gib_per_task << 30)),
                 (101, Some(gib_per_task << 30)),
             ],
+            mig: Some(false),
         }],
     }
 }
@@ -1592,6 +1593,53 @@ fn a_tree_that_would_not_fit_in_host_memory_is_refused_before_any_lock() {
     );
     assert_eq!(criu_dump(&w, &mut e).0, 0);
     assert_eq!(w.lock().unwrap().nvml_queries, 1);
+}
+
+#[test]
+fn a_tree_with_a_task_on_a_mig_gpu_is_refused_before_any_lock() {
+    for parallel in [1, 4] {
+        let w = world([CUprocessState::RUNNING; 2]);
+        {
+            let mut g = w.lock().unwrap();
+            let mut nvml = nvml_with(1);
+            let mut mig = nvml.gpus[0].clone();
+            mig.uuid = abi::GpuUuid([9; 16]);
+            mig.mig = Some(true);
+            mig.processes = vec![(101, Some(1 << 30))];
+            nvml.gpus.push(mig);
+            g.nvml = Some(nvml);
+        }
+        // Not a capacity check: check-capacity=off does not turn it off.
+        let mut e = engine(
+            &w,
+            EngineConfig {
+                skip_capacity_check: true,
+                parallel,
+                ..Default::default()
+            },
+        );
+        let err = e.pause_devices(100).unwrap_err();
+        let m = err.to_string();
+        assert!(
+            matches!(err, EngineError::MigGpu { .. }),
+            "{parallel:?}: {m}"
+        );
+        assert!(
+            m.contains("1 task(s) of the tree run on a GPU in MIG mode")
+                && m.contains("pid 101 on GPU-09090909-")
+                && m.contains("MIG mode")
+                && m.contains("before any task is locked"),
+            "{parallel:?}: {m}"
+        );
+        assert!(
+            lock_calls(&w).is_empty(),
+            "{parallel:?}: refused before any lock"
+        );
+        assert_eq!(
+            crate::error::PluginError::Engine(err).to_errno(),
+            -libc::ENODEV
+        );
+    }
 }
 
 #[test]

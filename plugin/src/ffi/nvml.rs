@@ -1,8 +1,9 @@
 //! `libnvidia-ml.so.1` (NVML), opened at run time (never linked): which GPU holds how much
-//! memory, and for which process.
+//! memory, for which process, and which GPUs are in MIG mode.
 //!
 //! The plugin asks NVML once per dump (how much device memory each task of the tree holds: what
-//! its checkpoint will stage into host memory and how long its copy may take) and once per
+//! its checkpoint will stage into host memory and how long its copy may take, and whether a GPU
+//! it uses is in MIG mode, which the driver cannot checkpoint) and once per
 //! restore (how much memory each target GPU has free). A node without NVML, or an NVML that
 //! fails, only costs those checks (the caller logs that they were skipped). The library stays
 //! loaded once opened, like the driver's.
@@ -50,6 +51,16 @@ macro_rules! entry {
     }};
 }
 
+/// An optional entry point: `None` when the library lacks it.
+macro_rules! optional_entry {
+    ($lib:expr, $name:literal, $ty:ty) => {{
+        // SAFETY: as in `entry!`: the NVML entry point of that name has the C signature `$ty`,
+        // and the library is never unloaded.
+        let sym = unsafe { $lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
+        sym.ok().map(|s| *s)
+    }};
+}
+
 fn check(what: &'static str, r: NvmlReturn) -> Result<(), NvmlError> {
     if r.is_success() {
         Ok(())
@@ -77,6 +88,7 @@ pub fn snapshot() -> Result<Snapshot, NvmlError> {
     let uuid_fn = entry!(lib, "nvmlDeviceGetUUID", UuidFn);
     let mem_fn = entry!(lib, "nvmlDeviceGetMemoryInfo", MemFn);
     let procs_fn = entry!(lib, "nvmlDeviceGetComputeRunningProcesses_v3", ProcsFn);
+    let mig_fn = optional_entry!(lib, "nvmlDeviceGetMigMode", MigModeFn);
     // SAFETY: nvmlInit_v2 takes nothing; it may be called more than once (reference counted).
     check("nvmlInit_v2", unsafe { init() })?;
     let mut count: c_uint = 0;
@@ -109,11 +121,18 @@ pub fn snapshot() -> Result<Snapshot, NvmlError> {
         // SAFETY: `dev` is a handle NVML returned; `mem` is a valid out-pointer.
         check("nvmlDeviceGetMemoryInfo", unsafe { mem_fn(dev, &mut mem) })?;
         let procs = processes(procs_fn, dev)?;
+        // A GPU without MIG support answers NOT_SUPPORTED: it is never in MIG mode.
+        let mig = match mig_mode(mig_fn, dev) {
+            Ok(on) => Some(on),
+            Err(NvmlReturn::ERROR_NOT_SUPPORTED) => Some(false),
+            Err(_) => None,
+        };
         gpus.push(GpuMemory {
             uuid,
             total: mem.total,
             free: mem.free,
             processes: procs,
+            mig,
         });
     }
     Ok(Snapshot { gpus })
@@ -123,16 +142,6 @@ type DriverVersionFn = unsafe extern "C" fn(*mut c_char, c_uint) -> NvmlReturn;
 type NameFn = unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> NvmlReturn;
 type PersistenceFn = unsafe extern "C" fn(NvmlDevice, *mut NvmlEnableState) -> NvmlReturn;
 type MigModeFn = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut c_uint) -> NvmlReturn;
-
-/// An optional entry point: `None` when the library lacks it.
-macro_rules! optional_entry {
-    ($lib:expr, $name:literal, $ty:ty) => {{
-        // SAFETY: as in `entry!`: the NVML entry point of that name has the C signature `$ty`,
-        // and the library is never unloaded.
-        let sym = unsafe { $lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
-        sym.ok().map(|s| *s)
-    }};
-}
 
 /// A string NVML writes into a buffer of `N` bytes (its documented size for the answer).
 fn nvml_string<const N: usize>(
@@ -217,20 +226,7 @@ pub fn node() -> Result<NodeReport, NvmlError> {
                     }
                 }
             };
-            let mig = match mig_fn {
-                None => Err(NvmlReturn::ERROR_FUNCTION_NOT_FOUND),
-                Some(f) => {
-                    let (mut current, mut pending) =
-                        (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE);
-                    // SAFETY: `dev` is a handle NVML returned; both are valid out-pointers.
-                    let r = unsafe { f(dev, &mut current, &mut pending) };
-                    if r.is_success() {
-                        Ok(current == NVML_DEVICE_MIG_ENABLE)
-                    } else {
-                        Err(r)
-                    }
-                }
-            };
+            let mig = mig_mode(mig_fn, dev);
             gpus.push(NodeGpu {
                 uuid,
                 name,
@@ -247,6 +243,20 @@ pub fn node() -> Result<NodeReport, NvmlError> {
     // SAFETY: one nvmlShutdown for the nvmlInit_v2 above.
     let _ = unsafe { shutdown() };
     report
+}
+
+/// `nvmlDeviceGetMigMode`'s current mode of `dev` (`f`: the entry point, `None` when the
+/// library lacks it, reported as `NVML_ERROR_FUNCTION_NOT_FOUND`).
+fn mig_mode(f: Option<MigModeFn>, dev: NvmlDevice) -> Result<bool, NvmlReturn> {
+    let f = f.ok_or(NvmlReturn::ERROR_FUNCTION_NOT_FOUND)?;
+    let (mut current, mut pending) = (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE);
+    // SAFETY: `dev` is a handle NVML returned; both are valid out-pointers.
+    let r = unsafe { f(dev, &mut current, &mut pending) };
+    if r.is_success() {
+        Ok(current == NVML_DEVICE_MIG_ENABLE)
+    } else {
+        Err(r)
+    }
 }
 
 /// The compute processes of one GPU, with the count protocol: ask with room for none, then
