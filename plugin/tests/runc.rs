@@ -6,7 +6,7 @@
 //! | Case | What it checks |
 //! |---|---|
 //! | `checkpoint-restore` | the 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) runs as a container; `runc checkpoint` succeeds and leaves both CUDA tasks CHECKPOINTED in the world, the container gone; `runc restore -d` brings it back running, both CUDA tasks RUNNING (unlocked) again, and every task answers SIGUSR1 with a PASS line (its GPU data intact); the world's trace shows `cuda-checkpoint` runs exactly when the file chose that backend |
-//! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
+//! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, printing only `criu failed: type NOTIFY errno 0` and `log file: IMAGES/dump.log` (the plugin's message is in that log, not on runc's stderr), the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
 //! | `custom-storage` (driver API only, CUDA 13.4 world) | `checkpoint-restore` with `custom-storage = on` in the options file: `runc checkpoint` leaves the GPU memory in `cuda-cs-*.img` files of the image path (the dump log says what each task moved), and `runc restore -d` brings the tree back from them, data intact |
 //! | `untrusted-options-file` (driver API only) | the trust rule (`plugin/src/trust.rs`): `cuda_plugin.conf` owned by another user, then group-writable, then in a world-writable directory: each `runc checkpoint` fails at `init` with CRIU's log naming the file (or directory), its owner, its mode and the fix, nothing locked, the container running; put right, checkpoint and restore work |
 //! | `untrusted-utility` (cuda-checkpoint only) | a world-writable `cuda-checkpoint` named by the options file is never run: `runc checkpoint` fails at `init` naming it and the fix |
@@ -662,6 +662,20 @@ fn checkpoint_fails(c: &mut Container) -> R<String> {
     ensure!(
         !out.status.success(),
         "runc checkpoint succeeded although the 2nd task's lock fails"
+    );
+    // What runc shows (docs/troubleshooting.md): that CRIU failed, and where its log is; the
+    // plugin's message is in that log only.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dump_log = format!("log file: {}", c.images.join("dump.log").display());
+    ensure!(
+        stderr.contains("criu failed: type NOTIFY errno 0") && stderr.contains(&dump_log),
+        "runc checkpoint's stderr does not say `criu failed: type NOTIFY errno 0` and \
+         `{dump_log}`:\n{stderr}"
+    );
+    ensure!(
+        !stderr.contains("CUDA_ERROR_NOT_READY") && !stderr.contains("cuda_plugin"),
+        "runc checkpoint's stderr shows the plugin's message, which docs/troubleshooting.md says \
+         runc does not (update it):\n{stderr}"
     );
     c.expect_options_file("dump", &log)?;
     ensure!(
