@@ -223,6 +223,7 @@ extern "C" {
     fn prctl(option: c_int, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> c_int;
     fn geteuid() -> u32;
     fn setsid() -> c_int;
+    fn unshare(flags: c_int) -> c_int;
 }
 
 /// True when running as root.
@@ -236,6 +237,32 @@ pub fn become_subreaper() -> bool {
     const PR_SET_CHILD_SUBREAPER: c_int = 36;
     // SAFETY: prctl(2) with integer arguments only; touches no memory of ours.
     unsafe { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 }
+}
+
+/// Moves this process into a mount namespace of its own whose mounts no longer propagate to
+/// the host's (`unshare -m --propagation private`): what the test mounts afterwards, and what
+/// the programs it starts mount, is seen by them only and goes away with the last of them.
+/// Call it while the process has a single thread (first thing in `main`): `unshare(2)` refuses
+/// `CLONE_NEWNS` to a thread that shares its filesystem attributes with another.
+pub fn enter_private_mount_namespace() -> R {
+    const CLONE_NEWNS: c_int = 0x0002_0000;
+    // SAFETY: unshare(2) takes one integer and touches no memory of ours.
+    if unsafe { unshare(CLONE_NEWNS) } != 0 {
+        return Err(format!(
+            "unshare(CLONE_NEWNS): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let out = Command::new("mount")
+        .args(["--make-rprivate", "/"])
+        .output()
+        .map_err(|e| format!("running mount --make-rprivate /: {e}"))?;
+    ensure!(
+        out.status.success(),
+        "mount --make-rprivate / failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// Collects every exited child (our own, and the orphans reparented to us). Only called when
