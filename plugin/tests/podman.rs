@@ -77,18 +77,6 @@ use testkit::wait::output_within;
 
 const BACKENDS: [&str; 2] = ["driver-api", "cuda-checkpoint"];
 
-/// The 3-process tree of `real_criu.rs` and `runc.rs`.
-const TREE3: [&str; 8] = [
-    "--kib",
-    "64",
-    "--threads",
-    "1",
-    "--children",
-    "1",
-    "--child-args",
-    "--cpu-only --children 1 --kib 16",
-];
-
 /// The node's plugin directory (CRIU's compiled-in one) and the files in it.
 const PLUGIN_DIR: &str = "/usr/lib/criu";
 /// The options file next to the plugin.
@@ -106,50 +94,12 @@ const IMAGE: &str = "localhost/criu-cuda-rootfs:test";
 
 /// Which podman to run: `CRIU_CUDA_PODMAN`, else `podman` found in `PATH`.
 fn find_podman() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("CRIU_CUDA_PODMAN") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join("podman"))
-        .find(|p| p.is_file())
-}
-
-/// `podman --version`'s first line.
-fn podman_version(podman: &Path) -> R<String> {
-    let out = Command::new(podman)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {} --version: {e}", podman.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} --version failed: {}",
-        podman.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned())
-}
-
-fn write(p: &Path, text: &str) -> R {
-    std::fs::write(p, text).map_err(|e| format!("writing {}: {e}", p.display()))
-}
-
-fn mkdir(p: &Path) -> R {
-    std::fs::create_dir_all(p).map_err(|e| format!("creating {}: {e}", p.display()))
+    find_program("CRIU_CUDA_PODMAN", "podman")
 }
 
 fn chmod(p: &Path, mode: u32) -> R {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
         .map_err(|e| format!("chmod {mode:o} {}: {e}", p.display()))
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Runs `cmd` (a program that needs no input) to its end within `limit`.
@@ -548,34 +498,9 @@ impl<'n> Case<'n> {
         self.expect_status(name, "running", "after podman run")
     }
 
-    /// The world's processes that are alive (a restore thread seen from here): `(host pid,
-    /// state)`.
-    fn live_cuda_states(&self) -> R<Vec<(i32, &'static str)>> {
-        let st = MockWorld::open(&self.world)
-            .and_then(|w| w.status())
-            .map_err(|e| e.to_string())?;
-        Ok(st
-            .processes
-            .iter()
-            .filter(|p| p.restore_tid_here().is_some())
-            .filter_map(|p| Some((p.host_pid()?, p.state().name())))
-            .collect())
-    }
-
     /// Both CUDA tasks alive and in `want` in the world (waits up to 3 s for it).
     fn expect_cuda(&self, want: &str) -> R {
-        let check = || -> R {
-            let live = self.live_cuda_states()?;
-            ensure!(
-                live.len() == 2 && live.iter().all(|(_, s)| *s == want),
-                "expected the 2 CUDA tasks {want} in the mock world, found (host pid, state) {live:?}"
-            );
-            Ok(())
-        };
-        if wait_until(Duration::from_secs(3), || check().is_ok()) {
-            return Ok(());
-        }
-        check()
+        expect_live_cuda(&self.world, want)
     }
 
     /// Both CUDA tasks CHECKPOINTED in the world (their processes are gone).
@@ -736,22 +661,9 @@ impl<'n> Case<'n> {
                 processes_naming(&case_dir)
             ));
         }
-        let marker = self.marker();
-        let ended = wait_until(Duration::from_secs(90), || {
-            reap();
-            processes_with_env(&marker).is_empty()
-        });
-        if !ended {
-            let left = processes_with_env(&marker);
-            for &p in &left {
-                let cmd = read(Path::new(&format!("/proc/{p}/cmdline"))).replace('\0', " ");
-                eprintln!("    process {p} left: {cmd}");
-                signal(p, SIGCONT);
-                signal(p, SIGKILL);
-            }
-            reap();
+        if let Err(e) = end_marked_processes(&self.marker(), Duration::from_secs(90)) {
             if result.is_ok() {
-                result = Err(format!("processes of the case were left: {left:?}"));
+                result = Err(e);
             }
         }
         result
@@ -994,7 +906,7 @@ fn main() {
     let require_podman = in_ci || std::env::var("CRIU_CUDA_REQUIRE_PODMAN").is_ok_and(|v| v == "1");
     let require_criu = std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1");
     let criu = find_criu().into_iter().find(|c| c.series == "4.2");
-    let podman = find_podman().map(|p| podman_version(&p).map(|v| (p, v)));
+    let podman = find_podman().map(|p| program_version(&p).map(|v| (p, v)));
     let node = SharedNode::default();
     let trials = if !is_root() {
         skipped("not root (podman and CRIU need root to checkpoint and restore)".into())
