@@ -371,7 +371,7 @@ impl<'n> Case<'n> {
         format!("MOCK_CUDA_WORLD={}", self.world.display())
     }
 
-    /// The container name `podman-cuda-<pid>-<case>-<what>`.
+    /// The container name `criu-cuda-<pid>-<case>-<what>`.
     fn name(&self, what: &str) -> String {
         format!("criu-cuda-{}-{}-{what}", std::process::id(), self.id)
     }
