@@ -14,8 +14,8 @@
 //!
 //! | Module | Role |
 //! |---|---|
-//! | [`ffi`] | **All** `unsafe` code: the descriptor, the constructor and the `extern "C"` entry points with their panic guard; CRIU's services; the driver library; ptrace; the child-process descriptor hygiene. |
-//! | [`session`] | What `init(stage)` decides: disabled or enabled, with which backend ([`select`]) and settings ([`options`], [`gpu_map`]). |
+//! | [`ffi`] | **All** `unsafe` code: the descriptor, the constructor and the `extern "C"` entry points with their panic guard (each only translates for one function of [`session::run`]); CRIU's services; the driver library; ptrace; the child-process descriptor hygiene. |
+//! | [`session`] | What `init(stage)` decides: disabled or enabled, with which backend ([`select`]) and settings ([`options`], [`gpu_map`]); [`session::run`]: the state between `init` and `exit`, `init`'s orchestration (the helper, the engine) and what each hook does with it. |
 //! | [`engine`] | The per-task lifecycle: PAUSE, CHECKPOINT, DUMP_FINISH/exit rollback, RESUME. |
 //! | [`backend`] | The [`backend::Backend`] trait and its two implementations. |
 //! | [`thread`] | The [`thread::ThreadControl`] seam: running only the restore thread of a stopped task. |

@@ -104,7 +104,7 @@ impl State {
         self.send(
             &ToAgent::Call {
                 id,
-                deadline_ms: Some(crate::message::millis(limit)),
+                deadline: Some(limit),
                 call,
             },
             NOTE_LIMIT,
@@ -379,11 +379,7 @@ impl Link {
         if matches!(call, Call::Driver(_)) {
             st.state_calls.insert(id);
         }
-        let msg = ToAgent::Call {
-            id,
-            deadline_ms: deadline.map(crate::message::millis),
-            call,
-        };
+        let msg = ToAgent::Call { id, deadline, call };
         st.remember(&msg);
         st.send(&msg, NOTE_LIMIT).map_err(CallError::Lost)?;
         st.pending.insert(id);

@@ -266,9 +266,7 @@ pub fn after_criu(e: Ending) -> i32 {
         log.line(true, &format!("internal: {e}"));
     }
     wait_inflight(&inflight, &mut log);
-    let timeout = cfg
-        .timeout_ms
-        .map_or(DEFAULT_OP_LIMIT, Duration::from_millis);
+    let timeout = cfg.timeout.unwrap_or(DEFAULT_OP_LIMIT);
     let mut backend: Box<dyn Backend> = match &cfg.backend {
         GuardBackend::DriverApi => match loaded(&driver) {
             Ok(d) => Box::new(DriverApi::with_exec(

@@ -30,15 +30,16 @@ use crate::backend::Pid;
 use crate::inventory::GpuInfo;
 use crate::nvml::{GpuMemory, Snapshot};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// CRIU → helper.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToAgent {
-    /// Run `call`; the answer is a [`FromAgent::Reply`] with the same `id`. `deadline_ms` is how
+    /// Run `call`; the answer is a [`FromAgent::Reply`] with the same `id`. `deadline` is how
     /// long CRIU waits for it (the guardian waits that long for a call in flight when CRIU dies).
     Call {
         id: u64,
-        deadline_ms: Option<u64>,
+        deadline: Option<Duration>,
         call: Call,
     },
     /// What the guardian needs to act; sent once the backend is chosen.
@@ -250,8 +251,8 @@ pub enum GuardBackend {
 pub struct GuardConfig {
     pub stage: GuardStage,
     pub backend: GuardBackend,
-    /// The per-operation timeout, ms (`None`: none; the guardian then uses its own bound).
-    pub timeout_ms: Option<u64>,
+    /// The per-operation timeout (`None`: none; the guardian then uses its own bound).
+    pub timeout: Option<Duration>,
     /// The copy rate (bytes/s) deadlines assume.
     pub copy_rate: f64,
     /// Restore: kill the tasks that survive CRIU (`true`, `on-restore-failure=kill`) or finish
@@ -449,6 +450,16 @@ macro_rules! wire_int {
 }
 wire_int!(u32, i32, u64);
 
+/// A duration as nanoseconds (`u64`: up to 584 years; a longer one is sent as that).
+impl Wire for Duration {
+    fn put(&self, out: &mut Vec<u8>) {
+        u64::try_from(self.as_nanos()).unwrap_or(u64::MAX).put(out);
+    }
+    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Duration::from_nanos(u64::take(r)?))
+    }
+}
+
 impl Wire for f64 {
     fn put(&self, out: &mut Vec<u8>) {
         self.to_bits().put(out);
@@ -587,14 +598,10 @@ impl<A: Wire, B: Wire, C: Wire, D: Wire> Wire for (A, B, C, D) {
 impl Wire for ToAgent {
     fn put(&self, out: &mut Vec<u8>) {
         match self {
-            ToAgent::Call {
-                id,
-                deadline_ms,
-                call,
-            } => {
+            ToAgent::Call { id, deadline, call } => {
                 out.push(0);
                 id.put(out);
-                deadline_ms.put(out);
+                deadline.put(out);
                 call.put(out);
             }
             ToAgent::Configure(c) => {
@@ -628,7 +635,7 @@ impl Wire for ToAgent {
         Ok(match r.tag("ToAgent")? {
             (0, _) => ToAgent::Call {
                 id: Wire::take(r)?,
-                deadline_ms: Wire::take(r)?,
+                deadline: Wire::take(r)?,
                 call: Wire::take(r)?,
             },
             (1, _) => ToAgent::Configure(Wire::take(r)?),
@@ -1007,7 +1014,7 @@ impl Wire for GuardConfig {
     fn put(&self, out: &mut Vec<u8>) {
         self.stage.put(out);
         self.backend.put(out);
-        self.timeout_ms.put(out);
+        self.timeout.put(out);
         self.copy_rate.put(out);
         self.kill_on_restore_failure.put(out);
     }
@@ -1015,7 +1022,7 @@ impl Wire for GuardConfig {
         Ok(GuardConfig {
             stage: Wire::take(r)?,
             backend: Wire::take(r)?,
-            timeout_ms: Wire::take(r)?,
+            timeout: Wire::take(r)?,
             copy_rate: Wire::take(r)?,
             kill_on_restore_failure: Wire::take(r)?,
         })
@@ -1108,15 +1115,23 @@ mod tests {
         ];
         let mut all: Vec<ToAgent> = calls
             .into_iter()
-            .zip([None, Some(0), Some(u64::MAX)].into_iter().cycle())
+            .zip(
+                [
+                    None,
+                    Some(Duration::ZERO),
+                    Some(Duration::from_nanos(u64::MAX)),
+                ]
+                .into_iter()
+                .cycle(),
+            )
             .enumerate()
-            .map(|(i, (call, deadline_ms))| ToAgent::Call {
+            .map(|(i, (call, deadline))| ToAgent::Call {
                 id: i as u64,
-                deadline_ms,
+                deadline,
                 call,
             })
             .collect();
-        for (stage, backend, timeout_ms, copy_rate, kill) in [
+        for (stage, backend, timeout, copy_rate, kill) in [
             (GuardStage::Dump, GuardBackend::DriverApi, None, 0.0, false),
             (
                 GuardStage::Restore,
@@ -1124,7 +1139,7 @@ mod tests {
                     program: PathBuf::from("/usr/bin/cuda-checkpoint"),
                     device_map: true,
                 },
-                Some(30_000),
+                Some(Duration::from_secs(30)),
                 1.5e9,
                 true,
             ),
@@ -1135,7 +1150,7 @@ mod tests {
                     program: PathBuf::from(std::ffi::OsString::from_vec(vec![b'/', 0xff, 0xfe])),
                     device_map: false,
                 },
-                Some(0),
+                Some(Duration::ZERO),
                 f64::INFINITY,
                 false,
             ),
@@ -1143,7 +1158,7 @@ mod tests {
             all.push(ToAgent::Configure(GuardConfig {
                 stage,
                 backend,
-                timeout_ms,
+                timeout,
                 copy_rate,
                 kill_on_restore_failure: kill,
             }));
@@ -1315,7 +1330,7 @@ mod tests {
         assert_eq!(
             encode(&ToAgent::Call {
                 id: 2,
-                deadline_ms: None,
+                deadline: None,
                 call: Call::Probe { call_init: true }
             }),
             [0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
@@ -1328,7 +1343,7 @@ mod tests {
         let m = ToAgent::Configure(GuardConfig {
             stage: GuardStage::Dump,
             backend: GuardBackend::DriverApi,
-            timeout_ms: None,
+            timeout: None,
             copy_rate: nan,
             kill_on_restore_failure: false,
         });
@@ -1494,24 +1509,22 @@ mod tests {
         let config = (
             any::<bool>(),
             backend,
-            any::<Option<u64>>(),
+            any::<Option<u64>>().prop_map(|t| t.map(Duration::from_nanos)),
             // NaN != NaN; a_nan_copy_rate_keeps_its_bits covers it.
             any::<f64>().prop_filter("not NaN", |x| !x.is_nan()),
             any::<bool>(),
         )
-            .prop_map(
-                |(restore, backend, timeout_ms, copy_rate, kill)| GuardConfig {
-                    stage: if restore {
-                        GuardStage::Restore
-                    } else {
-                        GuardStage::Dump
-                    },
-                    backend,
-                    timeout_ms,
-                    copy_rate,
-                    kill_on_restore_failure: kill,
+            .prop_map(|(restore, backend, timeout, copy_rate, kill)| GuardConfig {
+                stage: if restore {
+                    GuardStage::Restore
+                } else {
+                    GuardStage::Dump
                 },
-            );
+                backend,
+                timeout,
+                copy_rate,
+                kill_on_restore_failure: kill,
+            });
         let tracked = (
             any::<i32>(),
             any::<u32>(),
@@ -1525,13 +1538,12 @@ mod tests {
                 pairs,
             });
         prop_oneof![
-            (any::<u64>(), any::<Option<u64>>(), arb_call()).prop_map(|(id, deadline_ms, call)| {
-                ToAgent::Call {
-                    id,
-                    deadline_ms,
-                    call,
-                }
-            }),
+            (
+                any::<u64>(),
+                any::<Option<u64>>().prop_map(|d| d.map(Duration::from_nanos)),
+                arb_call()
+            )
+                .prop_map(|(id, deadline, call)| { ToAgent::Call { id, deadline, call } }),
             config.prop_map(ToAgent::Configure),
             tracked.prop_map(ToAgent::Track),
             (any::<i32>(), any::<String>()).prop_map(|(pid, op)| ToAgent::Intent { pid, op }),

@@ -107,17 +107,13 @@ pub fn serve(
         loop {
             match chan.try_recv(&mut buf) {
                 Ok(Some(())) => match proto::decode::<ToAgent>(&buf) {
-                    Ok(ToAgent::Call {
-                        id,
-                        deadline_ms,
-                        call,
-                    }) => start_call(
+                    Ok(ToAgent::Call { id, deadline, call }) => start_call(
                         &chan,
                         &inflight,
                         (&given_up, &targets),
                         &driver,
                         id,
-                        deadline_ms,
+                        deadline,
                         call,
                     ),
                     Ok(ToAgent::Abandon { id }) => {
@@ -412,13 +408,11 @@ fn start_call(
     (given_up, targets): (&GivenUp, &DumpTargets),
     driver: &Driver,
     id: u64,
-    deadline_ms: Option<u64>,
+    deadline: Option<Duration>,
     call: Call,
 ) {
-    let until = deadline_ms.map(|ms| {
-        let d = Duration::from_millis(ms);
-        (Instant::now() + d, d)
-    });
+    // A deadline past what an Instant can hold is no deadline.
+    let until = deadline.and_then(|d| Some((Instant::now().checked_add(d)?, d)));
     lock(inflight).insert(id, until);
     let (chan, inflight, given_up, targets, driver) = (
         Arc::clone(chan),

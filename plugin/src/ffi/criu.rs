@@ -479,7 +479,7 @@ pub enum Helper {
 
 /// The production [`crate::host::Host`], for `init` and then the engine: CRIU's services found
 /// with `dlsym` ([`Criu`], here), the machine's and the backend probes
-/// ([`crate::machine::Machine`] and [`crate::session::Probes`], in [`super::exports`]). Driver
+/// ([`crate::machine::Machine`] and [`crate::session::Probes`], in [`crate::session::run`]). Driver
 /// work (GPU enumeration, NVML) runs in the helper process when it runs, else on the session's
 /// worker ([`crate::agent::Access`]).
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //!
 //! | Module | Unsafe operations |
 //! |---|---|
-//! | [`exports`] | `CR_PLUGIN_DESC`, the `.init_array` constructor that clamps `max_hooks`, and the `extern "C"` entry points, each under one panic guard |
+//! | [`exports`] | `CR_PLUGIN_DESC`, the `.init_array` constructor that clamps `max_hooks`, and the `extern "C"` entry points, each under one panic guard, each translating its arguments for one function of [`crate::session::run`] and its result into CRIU's return value |
 //! | [`agent`] | the helper process's channel (`SOCK_SEQPACKET` pair), its double fork into a session of its own with only its descriptors, CRIU's pidfd, syslog |
 //! | [`log`] | `dlsym(RTLD_DEFAULT)` of CRIU's logger, `print_on_level`, and the variadic call to it |
 //! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |

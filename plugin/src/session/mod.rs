@@ -17,6 +17,8 @@
 //! fails: restoring CUDA tasks without one would leave them broken. The inventory entry is
 //! consumed only once the backend is ready (exact match; see [`crate::ffi::criu`]).
 
+pub mod run;
+
 use crate::backend::cli::{Cli, CliProbe, ProcessRunner};
 use crate::backend::driver::{DriverApi, DriverHandle, DriverProbe};
 use crate::backend::{Backend, GpuPair, Pid};
