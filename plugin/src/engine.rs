@@ -21,6 +21,7 @@
 //! **`--leave-stopped`.** Only a failed dump or `--leave-running` (CRIU's `TASK_ALIVE`) triggers
 //! the rollback, like CRIU's C plugin: with `--leave-stopped` the tasks stay CHECKPOINTED.
 
+use crate::agent::AgentError;
 use crate::backend::{
     op_deadline, Backend, BackendError, GpuPair, Job, LockLimits, Op, Pid, Tid, LOCK_ABANDON_GRACE,
 };
@@ -334,11 +335,11 @@ pub trait Guard: Send {
         target: CUprocessState,
         bytes: Option<u64>,
         pairs: &[GpuPair],
-    ) -> Result<(), String>;
+    ) -> Result<(), AgentError>;
     /// `op` is about to start on `pid`.
-    fn intent(&self, pid: Pid, op: Op) -> Result<(), String>;
+    fn intent(&self, pid: Pid, op: Op) -> Result<(), AgentError>;
     /// `pid` is back in its target state (or gone).
-    fn untrack(&self, pid: Pid) -> Result<(), String>;
+    fn untrack(&self, pid: Pid) -> Result<(), AgentError>;
 }
 
 /// The lifecycle engine for one CRIU operation.
@@ -507,7 +508,7 @@ impl Engine {
     }
 
     /// Sends one note to the guardian; the first failure is logged.
-    fn guard_note(&mut self, note: impl FnOnce(&dyn Guard) -> Result<(), String>) {
+    fn guard_note(&mut self, note: impl FnOnce(&dyn Guard) -> Result<(), AgentError>) {
         let Some(g) = &self.guard else { return };
         if let Err(e) = note(&**g) {
             self.guard_note_failed(&e);
@@ -516,7 +517,7 @@ impl Engine {
 
     /// A note to the guardian failed: logged the first time (kept out of every note's copy).
     #[inline(never)]
-    fn guard_note_failed(&mut self, e: &str) {
+    fn guard_note_failed(&mut self, e: &AgentError) {
         if !std::mem::replace(&mut self.guard_failed, true) {
             self.log(
                 Level::Warn,

@@ -1,6 +1,7 @@
 //! CRIU's side of the helper process: [`Link`] sends calls and notes and waits for answers on
 //! the calling thread, with deadlines, so CRIU never gets a thread of the plugin's.
 
+use super::error::{AgentError, Gone};
 use super::proto::{self, Call, FinishMode, FromAgent, Reply, ToAgent};
 use crate::backend::driver::{DriverCall, DriverExec, DriverReply};
 use crate::backend::Pid;
@@ -22,7 +23,7 @@ pub const MAX_REVIVALS: u32 = 2;
 pub const REVIVE_PROBE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Starts a fresh helper and returns CRIU's end of its channel (see [`Link::revivable`]).
-pub type Respawn = Box<dyn Fn() -> Result<Channel, String> + Send + Sync>;
+pub type Respawn = Box<dyn Fn() -> Result<Channel, AgentError> + Send + Sync>;
 
 /// What a fresh helper must be told to take over from a dead one: the driver probe it must
 /// repeat, the guardian's configuration and the tasks it guards.
@@ -56,7 +57,7 @@ struct State {
     /// NVML query or probe refuses nothing (the dump goes on without what it would have said).
     state_calls: BTreeSet<Ticket>,
     /// Why the helper is gone, once it is.
-    gone: Option<String>,
+    gone: Option<Gone>,
     /// Notes that could not be sent (the guardian then knows less; logged once).
     lost_notes: usize,
     buf: Vec<u8>,
@@ -66,7 +67,7 @@ struct State {
 impl State {
     /// The state of a channel whose other end a new helper holds, once the helper said hello
     /// (at most `limit`).
-    fn connect(chan: Channel, limit: Duration) -> Result<State, String> {
+    fn connect(chan: Channel, limit: Duration) -> Result<State, AgentError> {
         let mut st = State {
             chan,
             agent: 0,
@@ -84,13 +85,10 @@ impl State {
         while st.agent == 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Some(g) = &st.gone {
-                return Err(format!("the helper process failed to start: {g}"));
+                return Err(AgentError::DiedStarting(g.clone()));
             }
             if left.is_zero() {
-                return Err(format!(
-                    "the helper process did not start within {}",
-                    crate::message::Span(limit)
-                ));
+                return Err(AgentError::NoHello(limit));
             }
             st.pump(Some(left));
         }
@@ -98,7 +96,7 @@ impl State {
     }
 
     /// One call answered within `limit`, with the state already locked (a revival's probe).
-    fn call_locked(&mut self, call: Call, limit: Duration) -> Result<Reply, String> {
+    fn call_locked(&mut self, call: Call, limit: Duration) -> Result<Reply, AgentError> {
         let id = self.next;
         self.next += 1;
         self.send(
@@ -117,12 +115,12 @@ impl State {
                 return Ok(r);
             }
             if let Some(g) = &self.gone {
-                return Err(g.clone());
+                return Err(AgentError::Gone(g.clone()));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 self.pending.remove(&id);
-                return Err(format!("no answer within {}", crate::message::Span(limit)));
+                return Err(AgentError::NoAnswer(limit));
             }
             self.pump(Some(left));
         }
@@ -160,7 +158,7 @@ impl State {
         }
         if let Some(w) = wait {
             if let Err(e) = poll(&[(self.chan.fd(), libc::POLLIN)], Some(w)) {
-                self.gone = Some(format!("cannot wait for it: {e}"));
+                self.gone = Some(Gone::Wait(std::sync::Arc::new(e)));
                 return;
             }
         }
@@ -175,10 +173,7 @@ impl State {
                 Ok(Some(())) => proto::decode::<FromAgent>(&buf),
                 Err(e) => {
                     self.buf = buf;
-                    self.gone = Some(match e.kind() {
-                        io::ErrorKind::UnexpectedEof => "it exited".to_owned(),
-                        _ => e.to_string(),
-                    });
+                    self.gone = Some(Gone::from_io(e, &[io::ErrorKind::UnexpectedEof]));
                     return;
                 }
             };
@@ -196,25 +191,23 @@ impl State {
                 Ok(FromAgent::Hello { pid }) => self.agent = pid,
                 Ok(FromAgent::Log { level, msg }) => crate::ffi::log::log(level, &msg),
                 Err(e) => {
-                    self.gone = Some(e.to_string());
+                    self.gone = Some(Gone::Undecodable(e));
                     return;
                 }
             }
         }
     }
 
-    fn send(&mut self, msg: &ToAgent, limit: Duration) -> Result<(), String> {
+    fn send(&mut self, msg: &ToAgent, limit: Duration) -> Result<(), AgentError> {
         if let Some(g) = &self.gone {
-            return Err(g.clone());
+            return Err(AgentError::Gone(g.clone()));
         }
-        self.chan
-            .send(&proto::encode(msg), limit)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
-                    "it exited".to_owned()
-                }
-                _ => e.to_string(),
-            })
+        self.chan.send(&proto::encode(msg), limit).map_err(|e| {
+            AgentError::Gone(Gone::from_io(
+                e,
+                &[io::ErrorKind::BrokenPipe, io::ErrorKind::ConnectionReset],
+            ))
+        })
     }
 }
 
@@ -239,7 +232,7 @@ impl std::fmt::Debug for Link {
 impl Link {
     /// Wraps CRIU's end of a channel whose other end a new helper holds, and waits (at most
     /// `limit`) for the helper's hello.
-    pub fn connect(chan: Channel, limit: Duration) -> Result<Link, String> {
+    pub fn connect(chan: Channel, limit: Duration) -> Result<Link, AgentError> {
         Ok(Link {
             state: Mutex::new(State::connect(chan, limit)?),
             respawn: None,
@@ -263,24 +256,28 @@ impl Link {
 
     /// Replaces a dead helper with a fresh one (see [`Link::revivable`]); the error says why
     /// that was not possible, the dead helper's reason first.
-    fn revive(&self, st: &mut State) -> Result<(), String> {
+    fn revive(&self, st: &mut State) -> Result<(), AgentError> {
         let Some(why) = st.gone.clone() else {
             return Ok(());
         };
         let Some(respawn) = &self.respawn else {
-            return Err(why);
+            return Err(AgentError::Gone(why));
         };
         if st.memo.revivals >= MAX_REVIVALS {
-            return Err(format!(
-                "{why}; {MAX_REVIVALS} fresh helper(s) were already started in this run"
-            ));
+            return Err(AgentError::RevivalsSpent {
+                why,
+                max: MAX_REVIVALS,
+            });
         }
         st.memo.revivals += 1;
         let started = Instant::now();
         let old = st.agent;
         let fresh = respawn()
             .and_then(|chan| State::connect(chan, HELLO_LIMIT))
-            .map_err(|e| format!("{why}; no fresh helper could take over: {e}"))?;
+            .map_err(|e| AgentError::NoTakeover {
+                why: why.clone(),
+                cause: Box::new(e),
+            })?;
         let memo = std::mem::take(&mut st.memo);
         let next = st.next;
         *st = fresh;
@@ -289,24 +286,25 @@ impl Link {
         if let Some(call_init) = st.memo.probe {
             let loaded = match st.call_locked(Call::Probe { call_init }, REVIVE_PROBE_LIMIT) {
                 Ok(Reply::Probe(proto::ProbeReply::Supported { .. })) => Ok(()),
-                Ok(other) => Err(format!("{other:?}")),
+                Ok(other) => Err(AgentError::UnexpectedReply(Box::new(other))),
                 Err(e) => Err(e),
             };
-            loaded.map_err(|e| {
-                format!(
-                    "{why}; the fresh helper {} could not load the driver: {e}",
-                    st.agent
-                )
+            loaded.map_err(|e| AgentError::FreshProbe {
+                why: why.clone(),
+                pid: st.agent,
+                cause: Box::new(e),
             })?;
         }
         if st.memo.init {
             let init = match st.call_locked(Call::Driver(DriverCall::Init), REVIVE_PROBE_LIMIT) {
                 Ok(Reply::Driver(DriverReply::Code(0))) => Ok(()),
-                Ok(other) => Err(format!("{other:?}")),
+                Ok(other) => Err(AgentError::UnexpectedReply(Box::new(other))),
                 Err(e) => Err(e),
             };
-            init.map_err(|e| {
-                format!("{why}; cuInit failed in the fresh helper {}: {e}", st.agent)
+            init.map_err(|e| AgentError::FreshInit {
+                why: why.clone(),
+                pid: st.agent,
+                cause: Box::new(e),
             })?;
         }
         let mut notes: Vec<ToAgent> = st
@@ -318,11 +316,10 @@ impl Link {
             .collect();
         notes.extend(st.memo.tracked.values().cloned().map(ToAgent::Track));
         for n in &notes {
-            st.send(n, NOTE_LIMIT).map_err(|e| {
-                format!(
-                    "{why}; the fresh helper {} did not take its notes: {e}",
-                    st.agent
-                )
+            st.send(n, NOTE_LIMIT).map_err(|e| AgentError::FreshNotes {
+                why: why.clone(),
+                pid: st.agent,
+                cause: Box::new(e),
             })?;
         }
         // The same start line as the first helper's (tools that follow the helpers key on it).
@@ -354,7 +351,7 @@ impl Link {
 
     /// Why the helper is gone, if it is.
     #[must_use]
-    pub fn gone(&self) -> Option<String> {
+    pub fn gone(&self) -> Option<Gone> {
         let mut st = self.st();
         st.pump(None);
         st.gone.clone()
@@ -366,7 +363,8 @@ impl Link {
         let mut st = self.st();
         st.pump(None);
         if st.gone.is_some() {
-            self.revive(&mut st).map_err(CallError::Lost)?;
+            self.revive(&mut st)
+                .map_err(|e| CallError::Lost(e.to_string()))?;
         }
         let state = &st.state_calls;
         if let Some((_, blocked)) = st.abandoned.iter().find(|(id, _)| state.contains(id)) {
@@ -381,7 +379,8 @@ impl Link {
         }
         let msg = ToAgent::Call { id, deadline, call };
         st.remember(&msg);
-        st.send(&msg, NOTE_LIMIT).map_err(CallError::Lost)?;
+        st.send(&msg, NOTE_LIMIT)
+            .map_err(|e| CallError::Lost(e.to_string()))?;
         st.pending.insert(id);
         Ok(id)
     }
@@ -420,7 +419,7 @@ impl Link {
             if let Some(g) = st.gone.clone() {
                 st.pending.remove(&id);
                 st.state_calls.remove(&id);
-                return Err(CallError::Lost(g));
+                return Err(CallError::Lost(g.to_string()));
             }
             let left = match deadline {
                 Some(d) => {
@@ -455,7 +454,7 @@ impl Link {
 
     /// Sends a note (no answer). A note that cannot be sent is counted, and the count is in
     /// the error.
-    pub fn note(&self, msg: &ToAgent) -> Result<(), String> {
+    pub fn note(&self, msg: &ToAgent) -> Result<(), AgentError> {
         let mut st = self.st();
         st.pump(None);
         st.remember(msg);
@@ -472,7 +471,7 @@ impl Link {
     /// With [`FinishMode::Done`] it waits, at most [`FINISH_LIMIT`], for the helper to exit
     /// (its end of the channel closes), so that CRIU does not return with the helper still
     /// running; a call still blocked in the driver does not hold the helper up.
-    pub fn finish(&self, mode: FinishMode) -> Result<(), String> {
+    pub fn finish(&self, mode: FinishMode) -> Result<(), AgentError> {
         self.note(&ToAgent::Finish(mode))?;
         if mode != FinishMode::Done {
             return Ok(());
@@ -486,10 +485,7 @@ impl Link {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!(
-                    "the helper process did not exit within {} of being told to",
-                    crate::message::Span(FINISH_LIMIT)
-                ));
+                return Err(AgentError::NoExit(FINISH_LIMIT));
             }
             st.pump(Some(left));
         }
@@ -612,7 +608,7 @@ impl crate::engine::Guard for LinkGuard {
         target: abi::CUprocessState,
         bytes: Option<u64>,
         pairs: &[crate::backend::GpuPair],
-    ) -> Result<(), String> {
+    ) -> Result<(), AgentError> {
         self.0.note(&ToAgent::Track(proto::Tracked {
             pid,
             target: target.0,
@@ -621,14 +617,14 @@ impl crate::engine::Guard for LinkGuard {
         }))
     }
 
-    fn intent(&self, pid: Pid, op: crate::backend::Op) -> Result<(), String> {
+    fn intent(&self, pid: Pid, op: crate::backend::Op) -> Result<(), AgentError> {
         self.0.note(&ToAgent::Intent {
             pid,
             op: op.to_string(),
         })
     }
 
-    fn untrack(&self, pid: Pid) -> Result<(), String> {
+    fn untrack(&self, pid: Pid) -> Result<(), AgentError> {
         self.0.note(&ToAgent::Untrack { pid })
     }
 }

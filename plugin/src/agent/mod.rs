@@ -37,16 +37,20 @@
 //! then run on threads inside CRIU, as before.
 
 pub mod client;
+pub mod error;
 pub mod guardian;
 pub mod proto;
 pub mod server;
 
+pub use error::{AgentError, Gone};
+
 use crate::ffi::agent::{self as sys, Channel};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 /// Starts a helper process and connects to it. `image_dir` (CRIU's image directory, duplicated
 /// for the helper) is where the guardian writes its log.
-pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, String> {
+pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, AgentError> {
     let link = spawn_named(image_dir, c"cuda-guardian")?;
     // Should this helper die with work left (killed by an operator, a cgroup's OOM killer, a
     // node agent), a fresh one takes over; CRIU's image directory stays open for CRIU's whole
@@ -59,15 +63,17 @@ pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, String> {
 pub fn spawn_named(
     image_dir: Option<RawFd>,
     name: &'static std::ffi::CStr,
-) -> Result<client::Link, String> {
+) -> Result<client::Link, AgentError> {
     client::Link::connect(start_named(image_dir, name)?, client::HELLO_LIMIT)
 }
 
 /// Forks a helper named `name` and returns CRIU's end of its channel (the hello is still to
 /// come).
-fn start_named(image_dir: Option<RawFd>, name: &'static std::ffi::CStr) -> Result<Channel, String> {
-    let (criu_end, agent_end) =
-        Channel::pair().map_err(|e| format!("cannot create the helper's channel: {e}"))?;
+fn start_named(
+    image_dir: Option<RawFd>,
+    name: &'static std::ffi::CStr,
+) -> Result<Channel, AgentError> {
+    let (criu_end, agent_end) = Channel::pair().map_err(|e| AgentError::Channel(Arc::new(e)))?;
     let pidfd = sys::self_pidfd();
     let dir: Option<OwnedFd> = image_dir.and_then(|fd| sys::dup(fd).ok());
     let criu_pid = crate::backend::Pid::try_from(std::process::id()).unwrap_or(0);
@@ -79,7 +85,7 @@ fn start_named(image_dir: Option<RawFd>, name: &'static std::ffi::CStr) -> Resul
     });
     // The closure (and with it the helper's descriptors) was moved into the fork and dropped
     // here: CRIU keeps only its own end.
-    spawned.map_err(|e| format!("cannot start the helper process: {e}"))?;
+    spawned.map_err(|e| AgentError::Spawn(Arc::new(e)))?;
     Ok(criu_end)
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 const COPIER_EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// Starts a copier process and connects to it.
-pub type Spawn = Box<dyn FnMut() -> Result<Link, String> + Send>;
+pub type Spawn = Box<dyn FnMut() -> Result<Link, crate::agent::AgentError> + Send>;
 
 /// The custom-storage path of one dump or restore.
 pub struct CustomPath {
