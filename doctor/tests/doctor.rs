@@ -183,7 +183,7 @@ impl Node {
             .arg("--path")
             .arg(self.root().join("bin"))
             .args(["--timeout", &self.timeout.to_string()])
-            .env_remove("CRIU_CUDA_PLUGIN_CONFIG")
+            .env_remove(criu_cuda_env::PLUGIN_CONFIG)
             .env_remove("MOCK_CUDA_WORLD")
             .env_remove("LD_LIBRARY_PATH")
             .env_remove("CUDA_VISIBLE_DEVICES");

@@ -164,7 +164,7 @@ pub struct Column {
 /// `$CRIU_CUDA_CRIU_DIR/c-plugins`), `<version> <path>` per line.
 #[must_use]
 pub fn c_plugins(workspace: &Path) -> Vec<(String, PathBuf)> {
-    let list = std::env::var_os("CRIU_CUDA_CRIU_DIR")
+    let list = std::env::var_os(criu_cuda_env::CRIU_DIR)
         .map_or_else(|| workspace.join("target/criu"), PathBuf::from)
         .join("c-plugins");
     std::fs::read_to_string(list)

@@ -63,7 +63,7 @@ impl PluginUnderTest {
         Self {
             label: "criu-cuda".to_owned(),
             path: None,
-            enable: vec![("CRIU_CUDA_FORCE_ENABLE".to_owned(), "1".to_owned())],
+            enable: vec![(criu_cuda_env::FORCE_ENABLE.to_owned(), "1".to_owned())],
             name: OPTION_NAMESPACE.to_owned(),
             capabilities: Capability::ALL.into_iter().collect(),
             backend: None,

@@ -130,7 +130,7 @@ fn criu_binary(series: &str) -> Option<PathBuf> {
 
 /// `target/criu/c-plugins`: "<version> <path of cuda_plugin.so>" per line.
 fn c_plugins() -> Vec<(String, PathBuf)> {
-    let list = std::env::var_os("CRIU_CUDA_CRIU_DIR")
+    let list = std::env::var_os(criu_cuda_env::CRIU_DIR)
         .map_or_else(|| workspace().join("target/criu"), PathBuf::from)
         .join("c-plugins");
     std::fs::read_to_string(list)
@@ -237,7 +237,7 @@ fn main() -> ExitCode {
         );
         match criu_binary(profile) {
             Some(c) => trials.push(Trial::test(name, move || check_against_criu(profile, &c))),
-            None if require("CRIU_CUDA_REQUIRE_CRIU") => {
+            None if require(criu_cuda_env::REQUIRE_CRIU) => {
                 trials.push(Trial::test(name, move || {
                     Err(
                         format!("required (CRIU_CUDA_REQUIRE_CRIU=1): no CRIU {profile} found")
@@ -262,7 +262,7 @@ fn main() -> ExitCode {
     let plugins = c_plugins();
     if plugins.is_empty() {
         let name = "c_plugins_find_every_symbol_they_import";
-        if require("CRIU_CUDA_REQUIRE_C_PLUGINS") {
+        if require(criu_cuda_env::REQUIRE_C_PLUGINS) {
             trials.push(Trial::test(name, || {
                 Err(
                     "required (CRIU_CUDA_REQUIRE_C_PLUGINS=1): no target/criu/c-plugins \

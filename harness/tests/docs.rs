@@ -724,7 +724,7 @@ fn kit_run(b: &Block) -> R<Result<String, String>> {
     );
     c.arg(repo().join("scenarios/cuda/conformance"))
         .current_dir(repo())
-        .env("CRIU_CUDA_REQUIRE_CRIU", "1");
+        .env(criu_cuda_env::REQUIRE_CRIU, "1");
     let out = c
         .output()
         .map_err(|e| format!("{}: {e}", art.harness.display()))?;
@@ -1824,7 +1824,7 @@ fn skip_unless(name: &str, reason: String, require: &str) -> Result<Completion, 
 }
 
 fn skip(name: &str, reason: String) -> Result<Completion, Failed> {
-    skip_unless(name, reason, "CRIU_CUDA_REQUIRE_CRIU")
+    skip_unless(name, reason, criu_cuda_env::REQUIRE_CRIU)
 }
 
 /// This version's release tarballs in `<target>/dist` (written by `scripts/dist.sh`).
@@ -1944,7 +1944,7 @@ fn run_block(
                     env!("CARGO_PKG_VERSION"),
                     s.target.join("dist").display()
                 ),
-                "CRIU_CUDA_REQUIRE_DIST",
+                criu_cuda_env::REQUIRE_DIST,
             );
         }
         t

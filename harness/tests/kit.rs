@@ -107,7 +107,7 @@ fn junit_names_the_failing_step(so: &Path) -> Result<(), Failed> {
         .arg(so)
         .arg(scenario("checkpoint-error-leaves-no-task-locked"))
         .arg(scenario("restore-onto-another-host-s-gpus"))
-        .env("CRIU_CUDA_REQUIRE_CRIU", "1")
+        .env(criu_cuda_env::REQUIRE_CRIU, "1")
         .output()
         .map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -141,9 +141,9 @@ fn main() -> ExitCode {
         .find(|(v, p)| v.starts_with("4.1.") && p.exists())
         .map(|(_, p)| p);
     let no_criu = (runner::find_criu("4.2", &workspace()).is_none()
-        && !require("CRIU_CUDA_REQUIRE_CRIU"))
+        && !require(criu_cuda_env::REQUIRE_CRIU))
     .then_some("no CRIU 4.2 found (scripts/fetch-criu.sh)");
-    let no_c = (c41.is_none() && !require("CRIU_CUDA_REQUIRE_C_PLUGINS"))
+    let no_c = (c41.is_none() && !require(criu_cuda_env::REQUIRE_C_PLUGINS))
         .then_some("no CRIU 4.1.x C plugin (scripts/fetch-criu.sh --c-plugin)");
     let need_c = |so: &Option<PathBuf>| -> Result<PathBuf, Failed> {
         so.clone().ok_or_else(|| {

@@ -23,9 +23,9 @@ fn env_u64(name: &str) -> Option<u64> {
 fn chaos_soak_keeps_every_invariant() -> Result<(), Failed> {
     let art = Artifacts::for_tests(Path::new(HARNESS))?;
     runner::become_subreaper();
-    let full = std::env::var("CRIU_CUDA_FULL").is_ok_and(|v| v == "1");
-    let seed = env_u64("CRIU_CUDA_SOAK_SEED").unwrap_or(1205);
-    let runs = env_u64("CRIU_CUDA_SOAK_RUNS").unwrap_or(if full { 500 } else { 50 });
+    let full = std::env::var(criu_cuda_env::FULL).is_ok_and(|v| v == "1");
+    let seed = env_u64(criu_cuda_env::SOAK_SEED).unwrap_or(1205);
+    let runs = env_u64(criu_cuda_env::SOAK_RUNS).unwrap_or(if full { 500 } else { 50 });
     let numbers: Vec<u64> = (0..runs).collect();
     let started = std::time::Instant::now();
     // The stalls (most runs) wait out a deadline: twice as many of them beside the others (50

@@ -25,12 +25,12 @@ const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 fn fault_sweep_keeps_every_invariant() -> Result<(), Failed> {
     let art = Artifacts::for_tests(Path::new(HARNESS))?;
     runner::become_subreaper();
-    let full = std::env::var("CRIU_CUDA_FULL").is_ok_and(|v| v == "1");
+    let full = std::env::var(criu_cuda_env::FULL).is_ok_and(|v| v == "1");
     let cases = sweep::cases(full);
     if cases.len() < 200 {
         return Err(format!("only {} combinations", cases.len()).into());
     }
-    let jobs = std::env::var("CRIU_CUDA_SWEEP_JOBS")
+    let jobs = std::env::var(criu_cuda_env::SWEEP_JOBS)
         .ok()
         .and_then(|j| j.parse().ok())
         .unwrap_or_else(runner::default_jobs);

@@ -40,12 +40,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The variable that turns the full-mode tests on.
-const FULL_ENV: &str = "CRIU_CUDA_FULL";
+const FULL_ENV: &str = criu_cuda_env::FULL;
 /// Cycles to run.
-const RUNS_ENV: &str = "CRIU_CUDA_STRESS_RUNS";
+const RUNS_ENV: &str = criu_cuda_env::STRESS_RUNS;
 const DEFAULT_RUNS: u64 = 500;
 /// The seed of the random choices.
-const SEED_ENV: &str = "CRIU_CUDA_STRESS_SEED";
+const SEED_ENV: &str = criu_cuda_env::STRESS_SEED;
 
 /// The world's request timeout: a request unanswered this long is a hang (a healthy one takes
 /// milliseconds, even on a loaded machine).

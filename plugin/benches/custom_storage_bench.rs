@@ -346,8 +346,8 @@ fn run_sample(o: &Opts, criu: &Path, job: &Job, keep: bool) -> R<Sample> {
         c.env("MOCK_CUDA_WORLD", &world)
             .env("LD_LIBRARY_PATH", world.join("lib"))
             .env("PATH", path)
-            .env("CRIU_CUDA_FORCE_ENABLE", "1")
-            .env("CRIU_CUDA_MEM_AVAILABLE_GIB", "4096")
+            .env(criu_cuda_env::FORCE_ENABLE, "1")
+            .env(criu_cuda_env::MEM_AVAILABLE_GIB, "4096")
             .env("CRIU_PLUGIN_OPTIONS", job.plugin_options())
             .env_remove("CUDA_VISIBLE_DEVICES");
     };

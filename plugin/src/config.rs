@@ -41,7 +41,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// The environment variable naming the options file.
-pub const ENV_CONFIG: &str = "CRIU_CUDA_PLUGIN_CONFIG";
+pub const ENV_CONFIG: &str = criu_cuda_env::PLUGIN_CONFIG;
 
 /// The file's name next to the plugin.
 pub const FILE_NAME: &str = "cuda_plugin.conf";

@@ -18,12 +18,12 @@ pub const OPTIONS: &str = crate::options::ENV_OPTIONS;
 /// `CRIU_CUDA_PLUGIN_CONFIG`.
 pub const CONFIG: &str = crate::config::ENV_CONFIG;
 /// `CRIU_CUDA_FORCE_ENABLE`.
-pub const FORCE_ENABLE: &str = "CRIU_CUDA_FORCE_ENABLE";
+pub const FORCE_ENABLE: &str = criu_cuda_env::FORCE_ENABLE;
 /// `CRIU_CUDA_PLUGIN_MAX_HOOKS`.
-pub const MAX_HOOKS: &str = "CRIU_CUDA_PLUGIN_MAX_HOOKS";
+pub const MAX_HOOKS: &str = criu_cuda_env::PLUGIN_MAX_HOOKS;
 
 /// `CRIU_CUDA_MEM_AVAILABLE_GIB`.
-pub const MEM_AVAILABLE: &str = "CRIU_CUDA_MEM_AVAILABLE_GIB";
+pub const MEM_AVAILABLE: &str = criu_cuda_env::MEM_AVAILABLE_GIB;
 
 /// `CRIU_CUDA_MEM_AVAILABLE_GIB` in bytes, when set to a whole number of GiB.
 #[must_use]

@@ -83,7 +83,7 @@ mod tests {
         let m = choose(Some("13"), Some(0xd0));
         assert_eq!(m.count, 13);
         assert!(
-            m.reason.contains("CRIU_CUDA_PLUGIN_MAX_HOOKS"),
+            m.reason.contains(criu_cuda_env::PLUGIN_MAX_HOOKS),
             "{}",
             m.reason
         );

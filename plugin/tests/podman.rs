@@ -94,7 +94,7 @@ const IMAGE: &str = "localhost/criu-cuda-rootfs:test";
 
 /// Which podman to run: `CRIU_CUDA_PODMAN`, else `podman` found in `PATH`.
 fn find_podman() -> Option<PathBuf> {
-    find_program("CRIU_CUDA_PODMAN", "podman")
+    find_program(criu_cuda_env::PODMAN, "podman")
 }
 
 fn chmod(p: &Path, mode: u32) -> R {
@@ -400,12 +400,12 @@ impl<'n> Case<'n> {
                 "CRIU_PLUGIN_OPTIONS",
                 format!("cuda_plugin.backend={other}"),
             )
-            .env_remove("CRIU_CUDA_PLUGIN_CONFIG")
+            .env_remove(criu_cuda_env::PLUGIN_CONFIG)
             .env_remove("CRIU_LIBS_DIR")
             .env_remove("CRIU_CONFIG_FILE")
             .env_remove("MOCK_CUDA_WORLD")
             .env_remove("LD_LIBRARY_PATH")
-            .env_remove("CRIU_CUDA_FORCE_ENABLE")
+            .env_remove(criu_cuda_env::FORCE_ENABLE)
             .env_remove("CUDA_VISIBLE_DEVICES");
         cmd
     }
@@ -831,7 +831,7 @@ fn run_case(
     let r = body(&mut c);
     let down = c.teardown();
     let r = r.and_then(|s| down.map(|()| s));
-    c.keep = r.is_err() || std::env::var("CRIU_CUDA_PODMAN_KEEP").is_ok_and(|v| v == "1");
+    c.keep = r.is_err() || std::env::var(criu_cuda_env::PODMAN_KEEP).is_ok_and(|v| v == "1");
     let r = r.map(|s| {
         println!(
             "    CRIU {} {backend}: {s}; case {:.1} s",
@@ -903,8 +903,9 @@ fn main() {
     // mount namespace this thread enters, and the machine has few cores.
     args.test_threads = Some(1);
     let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    let require_podman = in_ci || std::env::var("CRIU_CUDA_REQUIRE_PODMAN").is_ok_and(|v| v == "1");
-    let require_criu = std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1");
+    let require_podman =
+        in_ci || std::env::var(criu_cuda_env::REQUIRE_PODMAN).is_ok_and(|v| v == "1");
+    let require_criu = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
     let criu = find_criu().into_iter().find(|c| c.series == "4.2");
     let podman = find_podman().map(|p| program_version(&p).map(|v| (p, v)));
     let node = SharedNode::default();

@@ -233,7 +233,7 @@ impl Case {
         cmd.env("MOCK_CUDA_WORLD", &self.world)
             .env("LD_LIBRARY_PATH", self.world.join("lib"))
             .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("CRIU_CUDA_PLUGIN_MAX_HOOKS");
+            .env_remove(criu_cuda_env::PLUGIN_MAX_HOOKS);
     }
 
     /// Starts `mock-cuda-app args…` in a new session and waits for `procs` READY lines.
@@ -325,7 +325,7 @@ impl Case {
             .stderr(err)
             .env("CRIU_PLUGIN_OPTIONS", &self.options);
         // There is no NVIDIA GPU here.
-        cmd.env("CRIU_CUDA_FORCE_ENABLE", "1");
+        cmd.env(criu_cuda_env::FORCE_ENABLE, "1");
         let path = std::env::var_os("PATH").unwrap_or_default();
         let mut new_path = self.bindir.clone().into_os_string();
         new_path.push(":");
@@ -841,7 +841,7 @@ fn run_case(
             // A driver request that gave up on a restore thread says what that thread did.
             let r = r.map_err(|e| e + &world_timeouts(&c.world));
             c.keep =
-                r.is_err() || std::env::var("CRIU_CUDA_REAL_CRIU_KEEP").is_ok_and(|v| v == "1");
+                r.is_err() || std::env::var(criu_cuda_env::REAL_CRIU_KEEP).is_ok_and(|v| v == "1");
             (r, c.dumps.clone(), c.restores.clone())
         }
         Err(e) => (Err(e), Vec::new(), Vec::new()),
@@ -952,7 +952,7 @@ fn main() {
     let mut args = Arguments::from_args();
     // One at a time: a restore needs its old pids free, and the cases measure times.
     args.test_threads = Some(1);
-    let require = std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1");
+    let require = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
     let criu = find_criu();
     let trials = if !is_root() {
         skipped("not root (CRIU needs root to dump and restore)".into())
@@ -974,7 +974,7 @@ fn main() {
             for c in &criu {
                 eprintln!("real_criu: CRIU {} at {}", c.version, c.path.display());
             }
-            if let Some(p) = std::env::var_os("CRIU_CUDA_TEST_PLUGIN_SO") {
+            if let Some(p) = std::env::var_os(criu_cuda_env::TEST_PLUGIN_SO) {
                 eprintln!(
                     "real_criu: plugin {} (CRIU_CUDA_TEST_PLUGIN_SO)",
                     Path::new(&p).display()

@@ -53,7 +53,7 @@ const BACKENDS: [&str; 2] = ["driver-api", "cuda-checkpoint"];
 
 /// Which runc to run: `CRIU_CUDA_RUNC`, else `runc` found in `PATH`.
 fn find_runc() -> Option<PathBuf> {
-    find_program("CRIU_CUDA_RUNC", "runc")
+    find_program(criu_cuda_env::RUNC, "runc")
 }
 
 /// One container, from bundle to `runc delete -f`.
@@ -237,13 +237,13 @@ impl Container {
             .current_dir(&self.bundle)
             .env("MOCK_CUDA_WORLD", &self.world)
             .env("LD_LIBRARY_PATH", self.world.join("lib"))
-            .env("CRIU_CUDA_FORCE_ENABLE", "1")
+            .env(criu_cuda_env::FORCE_ENABLE, "1")
             .env_remove("CRIU_PLUGIN_OPTIONS")
-            .env_remove("CRIU_CUDA_PLUGIN_CONFIG")
+            .env_remove(criu_cuda_env::PLUGIN_CONFIG)
             .env_remove("CRIU_LIBS_DIR")
             .env_remove("CRIU_CONFIG_FILE")
             .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("CRIU_CUDA_PLUGIN_MAX_HOOKS");
+            .env_remove(criu_cuda_env::PLUGIN_MAX_HOOKS);
         cmd
     }
 
@@ -783,7 +783,7 @@ fn run_case(
     let r = body(&mut c);
     let down = c.teardown();
     let r = r.and_then(|s| down.map(|()| s));
-    c.keep = r.is_err() || std::env::var("CRIU_CUDA_RUNC_KEEP").is_ok_and(|v| v == "1");
+    c.keep = r.is_err() || std::env::var(criu_cuda_env::RUNC_KEEP).is_ok_and(|v| v == "1");
     let r = r.map(|s| {
         println!(
             "    CRIU {} {backend}: {s}; case {:.1} s",
@@ -865,8 +865,8 @@ fn main() {
     // One at a time: the cases measure times, and the machine has few cores.
     args.test_threads = Some(1);
     let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    let require_runc = in_ci || std::env::var("CRIU_CUDA_REQUIRE_RUNC").is_ok_and(|v| v == "1");
-    let require_criu = std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1");
+    let require_runc = in_ci || std::env::var(criu_cuda_env::REQUIRE_RUNC).is_ok_and(|v| v == "1");
+    let require_criu = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
     let criu = find_criu();
     let runc = find_runc();
     let trials = if !is_root() {

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 /// The variable `scripts/test.sh` sets to the profile directory (e.g. `target/debug`) where it
 /// built every artifact before the tests run (the harness's runner reads the same one).
-pub const ARTIFACTS_VAR: &str = "CRIU_CUDA_ARTIFACTS";
+pub const ARTIFACTS_VAR: &str = criu_cuda_env::ARTIFACTS;
 
 /// The target directory the running test binary was built in.
 #[derive(Debug, Clone)]

@@ -160,7 +160,7 @@ fn locate_or_build() -> R<Artifacts> {
     for p in &programs {
         ensure!(p.exists(), "{} was not built{from}", p.display());
     }
-    let plugin_so = match std::env::var_os("CRIU_CUDA_TEST_PLUGIN_SO") {
+    let plugin_so = match std::env::var_os(criu_cuda_env::TEST_PLUGIN_SO) {
         Some(p) => {
             let p = PathBuf::from(p);
             ensure!(
@@ -204,10 +204,10 @@ pub struct Criu {
 /// The CRIU binaries present, 4.1.x first; see the module docs for where they come from.
 pub fn find_criu() -> Vec<Criu> {
     let mut found: Vec<Criu> = Vec::new();
-    let versions_file = std::env::var_os("CRIU_CUDA_CRIU_VERSIONS")
+    let versions_file = std::env::var_os(criu_cuda_env::CRIU_VERSIONS)
         .map(PathBuf::from)
         .or_else(|| {
-            std::env::var_os("CRIU_CUDA_CRIU_DIR").map(|d| PathBuf::from(d).join("versions"))
+            std::env::var_os(criu_cuda_env::CRIU_DIR).map(|d| PathBuf::from(d).join("versions"))
         })
         .unwrap_or_else(|| workspace().join("target/criu/versions"));
     let listed: Vec<(String, PathBuf)> = std::fs::read_to_string(&versions_file)
@@ -218,7 +218,10 @@ pub fn find_criu() -> Vec<Criu> {
             Some((it.next()?.to_owned(), PathBuf::from(it.next()?)))
         })
         .collect();
-    for (series, var) in [("4.1", "CRIU_CUDA_CRIU_4_1"), ("4.2", "CRIU_CUDA_CRIU_4_2")] {
+    for (series, var) in [
+        ("4.1", criu_cuda_env::CRIU_4_1),
+        ("4.2", criu_cuda_env::CRIU_4_2),
+    ] {
         let in_series = |v: &str| v == series || v.starts_with(&format!("{series}."));
         let from_env = std::env::var_os(var).map(PathBuf::from);
         let from_list = listed.iter().find(|(v, _)| in_series(v));

@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
 
 fn criu() -> Result<PathBuf, String> {
     let probe = Probe::system(
-        std::env::var_os("CRIU_CUDA_CRIU_4_1").map(PathBuf::from),
+        std::env::var_os(criu_cuda_env::CRIU_4_1).map(PathBuf::from),
         None,
     );
     detect::detect(&probe).criu.map(|c| c.path)
@@ -82,7 +82,7 @@ const FAKE_WORKLOAD: Workload = Workload {
 
 fn main() {
     let args = libtest_mimic::Arguments::from_args();
-    let require = std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1");
+    let require = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
     let missing = if nix::unistd::geteuid().is_root() {
         criu().err()
     } else {

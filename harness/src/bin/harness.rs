@@ -188,7 +188,7 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
     let opts = runner::CorpusOptions {
         jobs,
         run: runner::RunOptions {
-            require_criu: std::env::var("CRIU_CUDA_REQUIRE_CRIU").is_ok_and(|v| v == "1"),
+            require_criu: std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1"),
         },
         plugin: put,
         print_rows: true,

@@ -55,12 +55,12 @@ fn newest_lib(profile: &Path, name: &str) -> PathBuf {
 /// The variable `scripts/test.sh` sets to the profile directory (e.g. `target/debug`) where it
 /// built every artifact before the tests run: tests then take them from there and never run a
 /// nested `cargo build` ([`Artifacts::for_tests`]).
-pub const ARTIFACTS_VAR: &str = "CRIU_CUDA_ARTIFACTS";
+pub const ARTIFACTS_VAR: &str = criu_cuda_env::ARTIFACTS;
 
 /// The variable naming a prebuilt `cuda_plugin.so` (the released one, say) that replaces the
 /// built plugin wherever the harness and the tests run this project's plugin: every scenario,
 /// the sweep, the kit's columns of it. `plugin/tests/real_criu.rs` reads it too (testkit).
-pub const TEST_PLUGIN_VAR: &str = "CRIU_CUDA_TEST_PLUGIN_SO";
+pub const TEST_PLUGIN_VAR: &str = criu_cuda_env::TEST_PLUGIN_SO;
 
 fn test_plugin() -> Option<PathBuf> {
     std::env::var_os(TEST_PLUGIN_VAR)
@@ -240,7 +240,7 @@ pub fn find_criu(profile: &str, workspace: &Path) -> Option<PathBuf> {
             return Some(p);
         }
     }
-    let versions = std::env::var_os("CRIU_CUDA_CRIU_VERSIONS")
+    let versions = std::env::var_os(criu_cuda_env::CRIU_VERSIONS)
         .map_or_else(|| workspace.join("target/criu/versions"), PathBuf::from);
     if let Ok(text) = std::fs::read_to_string(versions) {
         for line in text.lines() {

@@ -426,7 +426,7 @@ impl Exec<'_> {
         // is unlimited by default), so that outcomes and snapshots do not depend on where the
         // corpus runs.
         c.env(
-            "CRIU_CUDA_MEM_AVAILABLE_GIB",
+            criu_cuda_env::MEM_AVAILABLE_GIB,
             self.world_host_memory_gib().unwrap_or(1024).to_string(),
         );
         c.envs(&step.env);

@@ -187,7 +187,8 @@ fn rs_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// The `const NAME: &str = "value";` definitions of `text`.
+/// The `const NAME: &str = "value";` definitions of `text` (and `= criu_cuda_env::X;`, whose value
+/// is the variable `CRIU_CUDA_X`).
 fn str_consts(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for line in text.lines() {
@@ -195,6 +196,16 @@ fn str_consts(text: &str) -> Vec<(String, String)> {
             continue;
         };
         let rest = &line[at + 6..];
+        // `= criu_cuda_env::X;`: the variable `CRIU_CUDA_X`, declared in that crate.
+        if let Some((name, rest)) = rest.split_once(": &str = criu_cuda_env::") {
+            if let Some((ident, _)) = rest.split_once(';') {
+                let value = format!("CRIU_CUDA_{ident}");
+                if criu_cuda_env::VARS.iter().any(|v| v.name == value) {
+                    out.push((name.to_owned(), value));
+                }
+            }
+            continue;
+        }
         let Some((name, rest)) = rest.split_once(": &str = \"") else {
             continue;
         };

@@ -139,17 +139,17 @@ impl<'b> Run<'b> {
             .env("LD_LIBRARY_PATH", self.world.join("lib"))
             .env("PATH", new_path)
             .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("CRIU_CUDA_PLUGIN_MAX_HOOKS")
+            .env_remove(criu_cuda_env::PLUGIN_MAX_HOOKS)
             .env_remove("CRIU_LIBS_DIR")
             .env_remove("CRIU_FAULT");
         match &self.options {
             Some(o) => {
                 cmd.env("CRIU_PLUGIN_OPTIONS", o)
-                    .env("CRIU_CUDA_FORCE_ENABLE", "1");
+                    .env(criu_cuda_env::FORCE_ENABLE, "1");
             }
             None => {
                 cmd.env_remove("CRIU_PLUGIN_OPTIONS")
-                    .env_remove("CRIU_CUDA_FORCE_ENABLE");
+                    .env_remove(criu_cuda_env::FORCE_ENABLE);
             }
         }
         if self.c_plugin {

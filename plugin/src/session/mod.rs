@@ -864,7 +864,7 @@ mod tests {
         assert!(
             plan.notes
                 .iter()
-                .any(|n| n.contains("CRIU_CUDA_FORCE_ENABLE")),
+                .any(|n| n.contains(criu_cuda_env::FORCE_ENABLE)),
             "{:?}",
             plan.notes
         );
