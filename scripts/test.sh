@@ -12,7 +12,7 @@
 #   CRIU_CUDA_REQUIRE_DIST=1   the docs check fails, instead of skipping, the README's
 #                              release-tarball block when scripts/dist.sh has not built
 #                              this version's tarballs (CI sets this). Passed through.
-#   CRIU_CUDA_REQUIRE_C_PLUGINS=1  the tests of CRIU's C plugins (harness/tests/criu_symbols.rs,
+#   CRIU_CUDA_REQUIRE_C_PLUGINS=1  the tests of CRIU's C plugins (criu-emu/tests/criu_symbols.rs,
 #                              harness/tests/kit.rs) fail, instead of being ignored, when
 #                              scripts/fetch-criu.sh --c-plugin has not built them (CI sets
 #                              this). Passed through.

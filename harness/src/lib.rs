@@ -1,50 +1,28 @@
-//! The CRIU plugin-engine emulation: loads CRIU plugins exactly as CRIU does and drives them
-//! through dump, pre-dump and restore of real process trees, on an emulated host profile.
+//! The test orchestrator around the emulated CRIU ([`criu_emu`]) and real CRIU: the scenario
+//! corpus, its runner, the conformance kit, the fault sweep and the chaos soak.
 //!
-//! * [`profile`]: the emulated hosts (4.1, 4.2, upstream, pr3076) and the rule sets.
-//! * [`engine`]: the loader, dispatch and the lifecycles.
-//! * [`pstree`]: freezing and releasing process trees with ptrace.
-//! * [`host`]: the state behind the exported host services.
-//! * [`inventory`], [`images`], [`options`], [`meta`]: the inventory file and required-plugin
-//!   list, image directories and the image streamer, `--plugin-option`, option metadata.
-//! * [`log`], [`trace`]: CRIU-style logs and the normalised call trace.
-//! * [`cli`]: the command line shared by the engine executables.
-//! * [`compel`]: the CRIU and compel functions C plugins link against (`compel_wait_task`,
-//!   `parse_pid_status`, `find_unused_fd_pid`).
 //! * [`scenario`]: the regression scenario file format; [`runner`]: its executor; [`kit`]: the
 //!   plugin under test and which scenarios apply to it (the conformance kit); [`junit`]: JUnit
 //!   XML of a run; [`conformance`]: the conformance table of several plugins.
-//! * [`sweep`]: the fault sweep (`harness sweep`).
-//! * `ffi`: every `unsafe` block (dlopen and plugin calls, the exported host callbacks).
+//! * [`sweep`]: the fault sweep (`harness sweep`); [`soak`]: the chaos soak (`harness soak`).
+//! * `ffi`: every `unsafe` block (a workload tree's descriptor hygiene).
 //!
-//! The host symbols plugins look up are defined by a C shim linked into each
-//! `harness-engine-<profile>` executable (see `build.rs` and `docs/plugin-interface.md`).
+//! The emulated CRIU's modules that the runner and the tests use are re-exported here
+//! ([`profile`], [`pstree`], [`images`], [`inventory`]).
 
 #![deny(unsafe_code)]
 
-pub mod log;
-pub mod trace;
+pub use criu_emu::{images, inventory, profile, pstree};
 
-pub mod cli;
-pub mod compel;
 pub mod conformance;
-pub mod engine;
 #[expect(
     unsafe_code,
     reason = "the one module tree allowed to hold unsafe code"
 )]
 pub mod ffi;
-pub mod host;
-pub mod images;
-pub mod inventory;
 pub mod junit;
 pub mod kit;
-pub mod meta;
-pub mod options;
 mod procfs;
-pub mod profile;
-pub mod profiles_table;
-pub mod pstree;
 pub mod runner;
 pub mod scenario;
 pub mod soak;

@@ -1,4 +1,7 @@
-//! Small `/proc` readers shared by the scenario runner and the fault sweep.
+//! Small `/proc` readers shared by the scenario runner and the fault sweep (with the emulated
+//! CRIU's own, re-exported here).
+
+pub(crate) use criu_emu::procfs::{parked, state};
 
 fn memmem(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -26,24 +29,6 @@ pub(crate) fn comm(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim().to_owned())
         .unwrap_or_default()
-}
-
-pub(crate) fn state(pid: i32) -> char {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
-        .unwrap_or('?')
-}
-
-pub(crate) fn parked(pid: i32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .all(|t| {
-            let st = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            st.contains("State:\tT (stopped)") && st.contains("TracerPid:\t0")
-        })
 }
 
 /// Processes other than this one whose environment names the mock world `world`

@@ -1,12 +1,6 @@
-//! Every `unsafe` block of the harness lives under this module tree.
+//! Every `unsafe` block of the harness lives under this module tree (the emulated CRIU's are in
+//! `criu_emu::ffi`).
 //!
-//! * [`dl`]: `dlopen`/`dlsym` of plugins, reading their descriptor and option metadata, and
-//!   calling their `init`, `exit` and hooks through the C ABI.
-//! * [`host`]: the Rust side of the exported host symbols (the `harness_rs_*` callbacks the C
-//!   shim forwards to), the writes to the exported `opts`/`fi_strategy` data, and the SIGALRM
-//!   handler of the freeze timeout.
 //! * [`spawn`]: starting a workload tree that inherits no stray descriptor.
 
-pub mod dl;
-pub mod host;
 pub mod spawn;

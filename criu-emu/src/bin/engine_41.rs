@@ -1,5 +1,5 @@
 //! `harness-engine-41`: the engine emulating the Criu41 host profile.
 
 fn main() -> std::process::ExitCode {
-    harness::cli::engine_main(harness::profile::HostProfile::Criu41)
+    criu_emu::cli::engine_main(criu_emu::profile::HostProfile::Criu41)
 }

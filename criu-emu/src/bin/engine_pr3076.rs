@@ -1,5 +1,5 @@
 //! `harness-engine-pr3076`: the engine emulating the Pr3076 host profile.
 
 fn main() -> std::process::ExitCode {
-    harness::cli::engine_main(harness::profile::HostProfile::Pr3076)
+    criu_emu::cli::engine_main(criu_emu::profile::HostProfile::Pr3076)
 }

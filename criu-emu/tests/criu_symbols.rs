@@ -113,7 +113,10 @@ fn engine(profile: &str) -> PathBuf {
 
 /// The `criu` executable (not the wrapper `scripts/fetch-criu.sh` writes) of a series.
 fn criu_binary(series: &str) -> Option<PathBuf> {
-    let found = harness::runner::find_criu(series, &workspace())?;
+    let found = testkit::criu::find_criu()
+        .into_iter()
+        .find(|c| c.series == series)?
+        .path;
     let found = if found.components().count() == 1 {
         // `criu` in PATH.
         std::env::var_os("PATH")?

@@ -1,5 +1,5 @@
 //! `harness-engine-upstream`: the engine emulating the Upstream host profile.
 
 fn main() -> std::process::ExitCode {
-    harness::cli::engine_main(harness::profile::HostProfile::Upstream)
+    criu_emu::cli::engine_main(criu_emu::profile::HostProfile::Upstream)
 }
