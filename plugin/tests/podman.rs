@@ -850,23 +850,10 @@ type SharedNode = Arc<OnceLock<R<Node>>>;
 fn trials(podman: PathBuf, runc: PathBuf, criu: Criu, node: &SharedNode) -> Vec<Trial> {
     let mut out = Vec::new();
     for backend in BACKENDS {
-        let lock = if backend == "cuda-checkpoint" {
-            "cuda-checkpoint:lock"
-        } else {
-            "cuCheckpointProcessLock"
-        };
         let cases: [(&str, String, CaseBody); 3] = [
             ("checkpoint-restore", String::new(), checkpoint_restore),
             ("export-import", String::new(), export_import),
-            (
-                "checkpoint-fails",
-                fault(
-                    lock,
-                    2,
-                    r#"{ kind = "return", code = "CUDA_ERROR_NOT_READY" }"#,
-                ),
-                checkpoint_fails,
-            ),
+            ("checkpoint-fails", lock_fails(backend, 2), checkpoint_fails),
         ];
         for (case, faults, body) in cases {
             let (p, r, n, cr) = (podman.clone(), runc.clone(), Arc::clone(node), criu.clone());

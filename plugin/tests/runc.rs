@@ -799,22 +799,9 @@ fn trials(runc: &Path, criu_list: &[Criu]) -> Vec<Trial> {
     let mut out = Vec::new();
     for criu in criu_list {
         for backend in BACKENDS {
-            let lock = if backend == "cuda-checkpoint" {
-                "cuda-checkpoint:lock"
-            } else {
-                "cuCheckpointProcessLock"
-            };
             let cases: [(&str, String, CaseBody); 2] = [
                 ("checkpoint-restore", String::new(), checkpoint_restore),
-                (
-                    "checkpoint-fails",
-                    fault(
-                        lock,
-                        2,
-                        r#"{ kind = "return", code = "CUDA_ERROR_NOT_READY" }"#,
-                    ),
-                    checkpoint_fails,
-                ),
+                ("checkpoint-fails", lock_fails(backend, 2), checkpoint_fails),
             ];
             let driver_only: Vec<(&str, String, CaseBody)> = if backend == "driver-api" {
                 vec![

@@ -434,6 +434,26 @@ pub fn fault(function: &str, nth: u32, action: &str) -> String {
     format!("\n[[fault]]\nfunction = \"{function}\"\nnth = {nth}\naction = {action}\n")
 }
 
+/// The world's name of `backend`'s lock, for a fault: the driver call, or the utility's
+/// `--action lock`.
+pub fn lock_function(backend: &str) -> &'static str {
+    if backend == "cuda-checkpoint" {
+        "cuda-checkpoint:lock"
+    } else {
+        "cuCheckpointProcessLock"
+    }
+}
+
+/// The fault that makes the `nth` lock on `backend` fail with `CUDA_ERROR_NOT_READY` (the
+/// deployment tests' failing checkpoint).
+pub fn lock_fails(backend: &str, nth: u32) -> String {
+    fault(
+        lock_function(backend),
+        nth,
+        r#"{ kind = "return", code = "CUDA_ERROR_NOT_READY" }"#,
+    )
+}
+
 /// The lines of the world's trace that record a run of `cuda-checkpoint`.
 pub fn cli_runs(trace: &str) -> usize {
     trace

@@ -15,13 +15,12 @@ use super::*;
 
 /// The world faults of a case, by name (they are installed when the case's world is made).
 pub fn faults(case: &str, backend: &str) -> String {
-    let lock = if backend == "cuda-checkpoint" {
-        "cuda-checkpoint:lock"
-    } else {
-        "cuCheckpointProcessLock"
-    };
     match case {
-        "killed-during-lock" => fault(lock, 1, r#"{ kind = "hang", file = "release" }"#),
+        "killed-during-lock" => fault(
+            lock_function(backend),
+            1,
+            r#"{ kind = "hang", file = "release" }"#,
+        ),
         _ => String::new(),
     }
 }
