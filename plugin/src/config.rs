@@ -93,6 +93,17 @@ pub struct ConfigFile {
     pub options: Vec<String>,
 }
 
+impl ConfigFile {
+    /// What [`options::collect`] takes of it.
+    #[must_use]
+    pub fn as_options(&self) -> options::FileOptions<'_> {
+        options::FileOptions {
+            path: &self.path,
+            options: &self.options,
+        }
+    }
+}
+
 /// What is wrong with one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LineError {

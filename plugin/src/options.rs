@@ -30,7 +30,7 @@
 //! the allowed values (and, in the file, the file and the line); `init` then fails.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The option namespace (the plugin's descriptor name).
@@ -509,14 +509,21 @@ impl fmt::Display for Sources {
     }
 }
 
+/// What the options file gives [`collect`]: where it is and its option strings (already
+/// checked; [`crate::config`] reads the file).
+#[derive(Debug, Clone, Copy)]
+pub struct FileOptions<'a> {
+    pub path: &'a Path,
+    pub options: &'a [String],
+}
+
 /// Picks the run's channel and combines it with the options file (see the module docs).
 /// `host` holds the strings `criu_plugin_get_options` returned after `argv[0]` (`None` when the
-/// host lacks the service), `env` the value of [`ENV_OPTIONS`], `file` the options file read
-/// (its strings are already checked).
+/// host lacks the service), `env` the value of [`ENV_OPTIONS`], `file` the options file read.
 pub fn collect(
     host: Option<&[String]>,
     env: Option<&str>,
-    file: Option<&crate::config::ConfigFile>,
+    file: Option<FileOptions<'_>>,
 ) -> Result<(Options, Sources), OptionError> {
     let run: (Vec<&str>, OptionSource) = match (host, env) {
         (Some(args), _) if args.iter().any(|a| ours(a).is_some()) => (
@@ -530,7 +537,7 @@ pub fn collect(
     };
     // The run's strings alone first, so that an error in them is reported as theirs.
     parse(run.0.iter().copied())?;
-    let file_strings = file.map_or(&[][..], |f| f.options.as_slice());
+    let file_strings = file.map_or(&[][..], |f| f.options);
     let options = parse(
         file_strings
             .iter()
@@ -541,7 +548,7 @@ pub fn collect(
         options,
         Sources {
             run: run.1,
-            file: file.map(|f| f.path.clone()),
+            file: file.map(|f| f.path.to_path_buf()),
         },
     ))
 }
@@ -809,12 +816,12 @@ mod tests {
             "timeout=30",
         ]);
         // The file alone.
-        let (o, src) = collect(None, None, Some(&f)).unwrap();
+        let (o, src) = collect(None, None, Some(f.as_options())).unwrap();
         assert_eq!(o.backend, BackendChoice::CudaCheckpoint);
         assert_eq!(o.timeout, Some(TimeoutOption::Seconds(30)));
         assert_eq!(src.to_string(), "/etc/criu/cuda_plugin.conf");
         // CRIU_PLUGIN_OPTIONS overrides the timeout only.
-        let (o, src) = collect(None, Some("cuda_plugin.timeout=5"), Some(&f)).unwrap();
+        let (o, src) = collect(None, Some("cuda_plugin.timeout=5"), Some(f.as_options())).unwrap();
         assert_eq!(o.timeout, Some(TimeoutOption::Seconds(5)), "the run wins");
         assert_eq!(
             o.backend,
@@ -831,7 +838,7 @@ mod tests {
         let (o, src) = collect(
             Some(&host),
             Some("cuda_plugin.timeout=5 cuda_plugin.guardian=off"),
-            Some(&f),
+            Some(f.as_options()),
         )
         .unwrap();
         assert_eq!(o.backend, BackendChoice::DriverApi);
@@ -846,13 +853,13 @@ mod tests {
         );
         assert_eq!(src.run, OptionSource::Host);
         // Foreign strings of the run do not count as the run's options.
-        let (o, src) = collect(None, Some("amdgpu.x=1"), Some(&f)).unwrap();
+        let (o, src) = collect(None, Some("amdgpu.x=1"), Some(f.as_options())).unwrap();
         assert_eq!(
             (o.backend, src.run),
             (BackendChoice::CudaCheckpoint, OptionSource::None)
         );
         // An error in the run's options is the run's, even with a valid file.
-        let e = collect(None, Some("cuda_plugin.timeout=soon"), Some(&f)).unwrap_err();
+        let e = collect(None, Some("cuda_plugin.timeout=soon"), Some(f.as_options())).unwrap_err();
         assert!(matches!(e, OptionError::InvalidValue { ref name, .. } if name == "timeout"));
         // Without a file nothing changes.
         let (o, src) = collect(None, None, None).unwrap();
@@ -980,9 +987,9 @@ mod tests {
             let run = b.to_strings();
             let (got, src) = if host {
                 let argv: Vec<String> = run.iter().map(|s| format!("--{s}")).collect();
-                collect(Some(&argv), None, Some(&f)).unwrap()
+                collect(Some(&argv), None, Some(f.as_options())).unwrap()
             } else {
-                collect(None, Some(&run.join(" ")), Some(&f)).unwrap()
+                collect(None, Some(&run.join(" ")), Some(f.as_options())).unwrap()
             };
             // `to_strings` always names these five, and the others only when set.
             let want = Options {
@@ -1000,7 +1007,7 @@ mod tests {
             prop_assert_eq!(got, want);
             prop_assert_eq!(src.file, Some(PathBuf::from("/x/cuda_plugin.conf")));
             // The file alone gives exactly the file's options.
-            let (alone, _) = collect(None, None, Some(&f)).unwrap();
+            let (alone, _) = collect(None, None, Some(f.as_options())).unwrap();
             prop_assert_eq!(alone, a);
         }
 

@@ -6,7 +6,7 @@
 //! task running that it should have killed or left stopped), the guardian:
 //!
 //! 1. waits for driver calls still in flight in the helper as the helper told to finish does
-//!    (`server::wait_late_calls`: each as long again as CRIU waited for it, at least 5 s), since a
+//!    (`calls::wait_late_calls`: each as long again as CRIU waited for it, at least 5 s), since a
 //!    checkpoint still copying must not race a restore, and a call that lands late is put back
 //!    by its own thread (`put_back_late`), which the helper's exit must not cut off;
 //! 2. for each task, checks it is the same process (pid and start time), waits at most
@@ -27,8 +27,8 @@
 //! CRIU 4.1 and 4.2 resume the tasks when a post-dump action script fails after the plugin's
 //! last hook, and tell the plugin nothing.
 
+use super::calls::{loaded, wait_late_calls, Driver, InFlight};
 use super::proto::{FinishMode, GuardBackend, GuardConfig, GuardStage, ToAgent, Tracked};
-use super::server::{loaded, wait_late_calls, Driver, InFlight};
 use crate::backend::cli::{Cli, ProcessRunner};
 use crate::backend::driver::{DriverApi, LocalExec};
 use crate::backend::{Backend, GpuPair, Pid};

@@ -36,6 +36,7 @@
 //! [`guardian`]'s constants). `cuda_plugin.guardian=off` starts no helper at all: driver calls
 //! then run on threads inside CRIU, as before.
 
+pub mod calls;
 pub mod client;
 pub mod error;
 pub mod guardian;

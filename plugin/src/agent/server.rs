@@ -1,11 +1,10 @@
 //! The helper's side: answer calls (each on a thread of its own), keep the guardian's ledger,
 //! and notice CRIU's end.
 
+use super::calls::{lock, wait_late_calls, Driver, InFlight};
 use super::guardian::{self, Ledger};
 use super::proto::{self, Call, FinishMode, FromAgent, ProbeReply, Reply, ToAgent, WireGpu};
-use crate::backend::driver::{
-    probe_driver, CudaDriver, DriverCall, DriverProbe, DriverReply, LoadError,
-};
+use crate::backend::driver::{probe_driver, CudaDriver, DriverCall, DriverProbe, DriverReply};
 use crate::backend::Pid;
 use crate::ffi::agent::{poll, Channel};
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,13 +40,6 @@ pub fn forward_log(level: u32, msg: &str) {
     );
 }
 
-/// Calls in flight: id → the moment CRIU stops waiting for it, and how long that wait is
-/// (`None`: CRIU waits without a deadline).
-pub type InFlight = Arc<Mutex<BTreeMap<u64, Option<(Instant, Duration)>>>>;
-
-/// The driver library, loaded once by the first call that needs it.
-pub type Driver = Arc<OnceLock<Result<Arc<dyn CudaDriver>, LoadError>>>;
-
 /// Calls in flight that CRIU stopped waiting for ([`ToAgent::Abandon`]).
 type GivenUp = Arc<Mutex<BTreeSet<u64>>>;
 
@@ -55,17 +47,6 @@ type GivenUp = Arc<Mutex<BTreeSet<u64>>>;
 /// ([`ToAgent::Track`]); empty at restore. A rollback's restore that CRIU gave up on and that
 /// lands late is finished with it (see [`undo_late_success`]).
 type DumpTargets = Arc<Mutex<BTreeMap<Pid, u32>>>;
-
-/// The longest the helper, told to finish, still waits for calls in flight (to undo one that
-/// CRIU gave up on and that lands late) before it exits; each call is waited for at most as long
-/// again as CRIU waited for it.
-const LATE_LIMIT: Duration = Duration::from_secs(60);
-
-/// The least the helper waits for a call in flight after CRIU gave up on it: with a short
-/// deadline (`timeout=1`), "as long again" is too short for a call that was merely slow (the
-/// chaos soak found a checkpoint landing 1.2 s after its 1 s deadline, which left its task
-/// LOCKED).
-const LATE_FLOOR: Duration = Duration::from_secs(5);
 
 /// The helper's main loop; returns its exit status.
 pub fn serve(
@@ -176,13 +157,9 @@ fn note_target(targets: &DumpTargets, ledger: &Ledger, note: &ToAgent) {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Told to finish with calls still in flight: closes the channel (CRIU's `exit` returns), waits
-/// for them, each at most as long again as CRIU did (at least [`LATE_FLOOR`]) and all within
-/// [`LATE_LIMIT`] (so that one
+/// for them, each at most as long again as CRIU did (at least [`LATE_FLOOR`](super::calls::LATE_FLOOR)) and all within
+/// [`LATE_LIMIT`](super::calls::LATE_LIMIT) (so that one
 /// CRIU gave up on and that lands late is undone), then exits.
 fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
     if lock(inflight).is_empty() {
@@ -191,30 +168,6 @@ fn finish_late_calls(chan: &Channel, inflight: &InFlight) -> i32 {
     chan.shutdown();
     wait_late_calls(inflight);
     0
-}
-
-/// Waits for the calls in flight to end (a late one is put back by its own thread before it
-/// leaves the set): each as long again as CRIU waited for it, at least [`LATE_FLOOR`] (a lock
-/// cut at 1 s gets another 5), one without a deadline the whole bound; never past
-/// [`LATE_LIMIT`]. Whether they all ended. The helper told to finish and the guardian after
-/// CRIU has gone wait alike.
-pub(crate) fn wait_late_calls(inflight: &InFlight) -> bool {
-    let now = Instant::now();
-    let end = lock(inflight)
-        .values()
-        .map(|u| u.map_or(now + LATE_LIMIT, |(until, d)| until + d.max(LATE_FLOOR)))
-        .max()
-        .unwrap_or(now)
-        .min(now + LATE_LIMIT);
-    loop {
-        if lock(inflight).is_empty() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// A call CRIU gave up on has ended. At dump (the task's dump-start state is in
@@ -237,7 +190,7 @@ fn undo_late_success(driver: &Driver, call: &Call, reply: &Reply, targets: &Dump
     let (Call::Driver(c), Reply::Driver(DriverReply::Code(0))) = (call, reply) else {
         return;
     };
-    let Ok(d) = loaded(driver) else {
+    let Ok(d) = super::calls::loaded(driver) else {
         return;
     };
     let (pid, undo) = match c {
@@ -322,7 +275,7 @@ fn put_back_late(
     reply: &Reply,
 ) {
     use abi::CUprocessState as S;
-    let Ok(d) = loaded(driver) else {
+    let Ok(d) = super::calls::loaded(driver) else {
         return;
     };
     let what = match call {
@@ -473,28 +426,25 @@ fn start_call(
     }
 }
 
-/// The library, loaded on first use.
-pub fn loaded(driver: &Driver) -> Result<Arc<dyn CudaDriver>, LoadError> {
-    driver.get_or_init(crate::ffi::cuda::load).clone()
-}
-
 fn run(driver: &Driver, call: Call) -> Reply {
     match call {
-        Call::Probe { call_init } => Reply::Probe(match probe_driver(loaded(driver), call_init) {
-            DriverProbe::Supported {
-                version,
-                init,
-                custom_storage,
-                ..
-            } => ProbeReply::Supported {
-                version,
-                init: init.map(|c| c.0),
-                custom_storage,
+        Call::Probe { call_init } => Reply::Probe(
+            match probe_driver(super::calls::loaded(driver), call_init) {
+                DriverProbe::Supported {
+                    version,
+                    init,
+                    custom_storage,
+                    ..
+                } => ProbeReply::Supported {
+                    version,
+                    init: init.map(|c| c.0),
+                    custom_storage,
+                },
+                DriverProbe::Unsupported(why) => ProbeReply::Unsupported(why),
+                DriverProbe::Error(why) => ProbeReply::Error(why),
             },
-            DriverProbe::Unsupported(why) => ProbeReply::Unsupported(why),
-            DriverProbe::Error(why) => ProbeReply::Error(why),
-        }),
-        Call::Driver(c) => Reply::Driver(match loaded(driver) {
+        ),
+        Call::Driver(c) => Reply::Driver(match super::calls::loaded(driver) {
             Ok(d) => c.apply(&*d),
             // Unreachable after a successful probe; reads as "no CUDA here".
             Err(_) => DriverReply::Code(abi::CUresult::ERROR_NOT_INITIALIZED.0),

@@ -127,7 +127,7 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     let (options, source) = options::collect(
         ctx.host_options.as_deref(),
         ctx.env.plugin_options.as_deref(),
-        file.as_ref(),
+        file.as_ref().map(crate::config::ConfigFile::as_options),
     )?;
     let map_spec = options
         .device_map
