@@ -96,6 +96,40 @@ pub struct ProcessEntry {
     /// the caller's death brings (see mock-libcuda's `custom` module).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_caller: Option<String>,
+    /// The collective the process is a member of (`MOCK_CUDA_COLLECTIVE=NAME:SIZE`, what
+    /// `mock-cuda-app --collective` sets), as the ranks of an NCCL communicator are: a
+    /// member's lock completes only once every member has a lock requested (see
+    /// [`StateFile::collective_gathered`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<Collective>,
+    /// A lock request is being carried out on the process's restore thread (it waits for the
+    /// process's work in flight): a lock requested and not yet answered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub locking: bool,
+}
+
+/// Membership of a collective: its name and how many members it has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Collective {
+    pub name: String,
+    pub size: u32,
+}
+
+impl Collective {
+    /// Parses `NAME:SIZE` (a non-empty name without `:`, a size of at least 1).
+    pub fn parse(s: &str) -> Result<Collective, String> {
+        let bad = || format!("{s:?} is not NAME:SIZE (a name and a number of members, at least 1)");
+        let (name, size) = s.rsplit_once(':').ok_or_else(bad)?;
+        let size: u32 = size.trim().parse().map_err(|_| bad())?;
+        if name.is_empty() || name.contains(':') || size == 0 {
+            return Err(bad());
+        }
+        Ok(Collective {
+            name: name.to_owned(),
+            size,
+        })
+    }
 }
 
 impl ProcessEntry {
@@ -211,6 +245,23 @@ impl StateFile {
             .rev()
             .find(|(_, e)| e.pid == pid && pid > 0)
             .map(|(id, e)| (*id, e))
+    }
+
+    /// Whether every member of `c` has a lock requested: how many processes of the collective
+    /// are LOCKED (or further: CHECKPOINTED, CHECKPOINTING, RESTORING) or have a lock in
+    /// progress, against its size. A member's work in flight needs all its peers (as an
+    /// NCCL rank's kernel waits for the other ranks), so its lock completes only then.
+    #[must_use]
+    pub fn collective_gathered(&self, c: &Collective) -> bool {
+        let joined = self
+            .processes
+            .values()
+            .filter(|e| e.collective.as_ref().is_some_and(|m| m.name == c.name))
+            .filter(|e| {
+                e.locking || !matches!(e.state(), CUprocessState::RUNNING | CUprocessState::FAILED)
+            })
+            .count();
+        joined >= c.size as usize
     }
 
     /// Reads and validates a state file.
@@ -422,6 +473,8 @@ pub(crate) fn test_entry(pid: i32, ns: u64, nspid: i32, state: CUprocessState) -
         reserved: Vec::new(),
         custom_storage: false,
         open_caller: None,
+        collective: None,
+        locking: false,
     }
 }
 
@@ -431,6 +484,51 @@ mod tests {
 
     fn entry(pid: i32, ns: u64, nspid: i32) -> ProcessEntry {
         test_entry(pid, ns, nspid, CUprocessState::RUNNING)
+    }
+
+    #[test]
+    fn a_collective_is_name_and_size() {
+        assert_eq!(
+            Collective::parse("tp:8"),
+            Ok(Collective {
+                name: "tp".into(),
+                size: 8
+            })
+        );
+        for bad in ["tp", "tp:", ":8", "tp:0", "tp:x", "a:b:2", "tp:-1"] {
+            assert!(Collective::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A collective is gathered once each of its members is locking, LOCKED or further along;
+    /// members of another collective and processes of none do not count.
+    #[test]
+    fn a_collective_gathers_when_every_member_has_a_lock_requested() {
+        let tp = Collective::parse("tp:3").unwrap();
+        let mut st = StateFile::default();
+        for (id, name) in [(1, "tp"), (2, "tp"), (3, "tp"), (4, "dp")] {
+            let mut e = entry(100 + id as i32, 1, 100 + id as i32);
+            e.collective = Some(Collective {
+                name: name.into(),
+                size: 3,
+            });
+            st.processes.insert(id, e);
+        }
+        st.processes.insert(5, entry(105, 1, 105));
+        assert!(!st.collective_gathered(&tp));
+        st.processes.get_mut(&1).unwrap().locking = true;
+        st.processes.get_mut(&2).unwrap().state = CUprocessState::CHECKPOINTED.0;
+        for other in [4, 5] {
+            st.processes.get_mut(&other).unwrap().locking = true;
+        }
+        assert!(!st.collective_gathered(&tp), "one member is not locking");
+        st.processes.get_mut(&3).unwrap().state = CUprocessState::LOCKED.0;
+        assert!(st.collective_gathered(&tp));
+        st.processes.get_mut(&3).unwrap().state = CUprocessState::FAILED.0;
+        assert!(
+            !st.collective_gathered(&tp),
+            "a failed member takes no part"
+        );
     }
 
     fn small_world() -> (tempfile::TempDir, World) {

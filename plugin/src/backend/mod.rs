@@ -346,6 +346,16 @@ impl BackendError {
             && matches!(self, BackendError::Cuda { .. } | BackendError::Exit { .. })
     }
 
+    /// True when a lock timed out: ours, the driver's own lock timeout
+    /// (`CUDA_ERROR_NOT_READY`), or the utility's exit status for it (88).
+    #[must_use]
+    pub fn is_lock_timeout(&self) -> bool {
+        let not_ready = i32::from(CUresult::ERROR_NOT_READY.exit_status());
+        self.op() == Op::Lock
+            && (self.is_timeout()
+                || matches!(self, BackendError::Exit { status: ExitInfo::Code(c), .. } if *c == not_ready))
+    }
+
     /// True when the failure was a timeout (ours or the driver's lock timeout).
     #[must_use]
     pub fn is_timeout(&self) -> bool {
