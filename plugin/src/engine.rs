@@ -981,11 +981,11 @@ impl Engine {
                 pid,
                 criu_timeout: self.cfg.criu_timeout,
                 left: Some(left),
-                narrow: narrow.filter(|_| cause.is_lock_timeout()),
+                narrow: narrow.filter(|_| cause.is_driver_lock_timeout()),
                 cause: Some(cause),
             },
             _ => match narrow {
-                Some(width) if cause.is_lock_timeout() => {
+                Some(width) if cause.is_driver_lock_timeout() => {
                     EngineError::LockTimeout { pid, cause, width }
                 }
                 _ => EngineError::Backend {

@@ -346,14 +346,23 @@ impl BackendError {
             && matches!(self, BackendError::Cuda { .. } | BackendError::Exit { .. })
     }
 
-    /// True when a lock timed out: ours, the driver's own lock timeout
-    /// (`CUDA_ERROR_NOT_READY`), or the utility's exit status for it (88).
+    /// True when the driver gave a lock up at its timeout, waiting for the task's work in
+    /// flight: `CUDA_ERROR_NOT_READY` through the driver API, exit status 88 from the utility.
+    /// (Not a call the plugin stopped waiting for: that one is a driver that does not answer.)
     #[must_use]
-    pub fn is_lock_timeout(&self) -> bool {
+    pub fn is_driver_lock_timeout(&self) -> bool {
         let not_ready = i32::from(CUresult::ERROR_NOT_READY.exit_status());
-        self.op() == Op::Lock
-            && (self.is_timeout()
-                || matches!(self, BackendError::Exit { status: ExitInfo::Code(c), .. } if *c == not_ready))
+        match self {
+            BackendError::Cuda {
+                backend, op, code, ..
+            } => FailureClass::of(*backend, *op, *code) == FailureClass::LockTimeout,
+            BackendError::Exit {
+                op: Op::Lock,
+                status: ExitInfo::Code(c),
+                ..
+            } => *c == not_ready,
+            _ => false,
+        }
     }
 
     /// True when the failure was a timeout (ours or the driver's lock timeout).
