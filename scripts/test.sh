@@ -19,6 +19,9 @@
 #   CRIU_CUDA_REQUIRE_RUNC=1   plugin/tests/runc.rs fails, instead of skipping, when runc is
 #                              not installed (CI sets this; a set CI variable does the same).
 #                              Passed through.
+#   CRIU_CUDA_REQUIRE_PODMAN=1 plugin/tests/podman.rs fails, instead of skipping, when podman is
+#                              not installed (CI sets this; a set CI variable does the same).
+#                              Passed through.
 #   CRIU_CUDA_CORPUS_IN_MAIN_JOB=1  harness/tests/scenarios.rs runs no scenario: the corpus runs
 #                              in scripts/main-job.sh instead (CI sets this). Passed through.
 #   --full                     (first argument) the full mode, for a nightly or manual run:

@@ -273,7 +273,7 @@ fn options_file(ctx: &Context) -> (Check, Option<Options>) {
                 ),
                 ConfigError::Line { line, .. } => format!(
                     "Correct line {line}: one NAME=VALUE per line, the options of \
-                     CRIU_PLUGIN_OPTIONS (README, options)."
+                     CRIU_PLUGIN_OPTIONS (docs/options.md)."
                 ),
                 _ => "Make it a readable regular file of at most 64 KiB.".to_owned(),
             };

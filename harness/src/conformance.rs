@@ -304,8 +304,8 @@ Every scenario of the corpus (`scenarios/`), run by the harness against this pro
 and CRIU's own C `cuda_plugin.so` of each CRIU `scripts/fetch-criu.sh` fetches (built from
 Debian's `criu` source package by `scripts/fetch-criu.sh --c-plugin`), on the mock CUDA world.
 As root, `bash scripts/fetch-criu.sh --c-plugin` and then `harness conformance --out
-docs/conformance.md` regenerate this file; `README.md` says how to run the same kit against
-another plugin.
+docs/conformance.md` regenerate this file; `docs/development.md` says how to run the same kit
+against another plugin.
 
 - **pass**: every outcome held: CRIU's exit status at each step, every task's final state
   (running, parked or gone; never left stopped or traced) and final CUDA state (never left

@@ -71,6 +71,12 @@
 //! against the plugin's code, both ways: each message the doc lists is in `plugin/src`, and each
 //! `#[error]` message of the plugin is in the doc (its module documentation has the rules).
 //!
+//! # Links
+//!
+//! `docs/links.rs` (the trial `links`) checks that every relative Markdown link of these files
+//! resolves, to a file of the repository and, with an `#anchor`, to a heading of that file (its
+//! module documentation has the rules).
+//!
 //! Run: `cargo test -p harness --test docs [-- FILTER]`, e.g. `-- README.md:`.
 //! `DOCS_CHECK_KEEP=1` keeps every block's directory. A block that runs longer than 120 s (900 s
 //! when it runs `cargo`; `DOCS_CHECK_TIMEOUT=SECONDS` overrides both) is killed and fails.
@@ -96,6 +102,9 @@ const SCENARIOS_DOC: &str = "docs/scenarios.md";
 
 #[path = "docs/messages.rs"]
 mod messages;
+
+#[path = "docs/links.rs"]
+mod links;
 
 const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
@@ -617,7 +626,7 @@ fn check_ci(b: &Block) -> R<String> {
     Ok(format!("in .ci/run: {}", checked.join(", ")))
 }
 
-/// The kit block (README, "Testing another CUDA plugin"): its `harness run` command runs with
+/// The kit block (`docs/development.md`, "Testing another CUDA plugin"): its `harness run` command runs with
 /// the build under test (`target/debug/` read as the artifacts' directory) on the conformance
 /// scenarios only (`scenarios/cuda/conformance/` appended, the JUnit file in a temporary
 /// directory), and must pass them all and write the JUnit XML; its other commands must be lines
@@ -2084,6 +2093,7 @@ fn trials() -> Vec<Trial> {
         }
     }));
     out.extend(messages::trials());
+    out.extend(links::trials(doc_files()));
     // The format's reference: its examples must be scenarios the runner accepts.
     for b in blocks
         .iter()

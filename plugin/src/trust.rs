@@ -254,7 +254,7 @@ mod tests {
         }
     }
 
-    /// The README's node layout: root-owned, 0755 directories, 0644 options file, 0755 programs,
+    /// The node layout of docs/operators.md and docs/options.md: root-owned, 0755 directories, 0644 options file, 0755 programs,
     /// `/tmp` 1777.
     fn node() -> Fs {
         let mut nodes = HashMap::new();

@@ -522,23 +522,6 @@ fn world_timeouts(world: &Path) -> String {
     )
 }
 
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// The 3-process tree: a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild.
-const TREE3: [&str; 8] = [
-    "--kib",
-    "64",
-    "--threads",
-    "1",
-    "--children",
-    "1",
-    "--child-args",
-    "--cpu-only --children 1 --kib 16",
-];
-
 fn spawn_tree3(c: &mut Case) -> R {
     c.spawn_tree(&TREE3, 3)?;
     ensure!(

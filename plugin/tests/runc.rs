@@ -6,7 +6,7 @@
 //! | Case | What it checks |
 //! |---|---|
 //! | `checkpoint-restore` | the 3-process tree (a multi-threaded CUDA root, a CPU-only child, a CUDA grandchild) runs as a container; `runc checkpoint` succeeds and leaves both CUDA tasks CHECKPOINTED in the world, the container gone; `runc restore -d` brings it back running, both CUDA tasks RUNNING (unlocked) again, and every task answers SIGUSR1 with a PASS line (its GPU data intact); the world's trace shows `cuda-checkpoint` runs exactly when the file chose that backend |
-//! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
+//! | `checkpoint-fails` | the 2nd CUDA task's lock fails (`NOT_READY`, injected through the world): `runc checkpoint` fails, printing only `criu failed: type NOTIFY errno 0` and `log file: IMAGES/dump.log` (the plugin's message is in that log, not on runc's stderr), the container keeps running, both CUDA tasks are RUNNING (nothing left locked) and the data checks PASS |
 //! | `custom-storage` (driver API only, CUDA 13.4 world) | `checkpoint-restore` with `custom-storage = on` in the options file: `runc checkpoint` leaves the GPU memory in `cuda-cs-*.img` files of the image path (the dump log says what each task moved), and `runc restore -d` brings the tree back from them, data intact |
 //! | `untrusted-options-file` (driver API only) | the trust rule (`plugin/src/trust.rs`): `cuda_plugin.conf` owned by another user, then group-writable, then in a world-writable directory: each `runc checkpoint` fails at `init` with CRIU's log naming the file (or directory), its owner, its mode and the fix, nothing locked, the container running; put right, checkpoint and restore work |
 //! | `untrusted-utility` (cuda-checkpoint only) | a world-writable `cuda-checkpoint` named by the options file is never run: `runc checkpoint` fails at `init` naming it and the fix |
@@ -51,46 +51,9 @@ use testkit::wait::output_within;
 
 const BACKENDS: [&str; 2] = ["driver-api", "cuda-checkpoint"];
 
-/// The 3-process tree of `real_criu.rs`.
-const TREE3: [&str; 8] = [
-    "--kib",
-    "64",
-    "--threads",
-    "1",
-    "--children",
-    "1",
-    "--child-args",
-    "--cpu-only --children 1 --kib 16",
-];
-
 /// Which runc to run: `CRIU_CUDA_RUNC`, else `runc` found in `PATH`.
 fn find_runc() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("CRIU_CUDA_RUNC") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join("runc"))
-        .find(|p| p.is_file())
-}
-
-/// `runc --version`'s first line.
-fn runc_version(runc: &Path) -> R<String> {
-    let out = Command::new(runc)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running {} --version: {e}", runc.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} --version failed: {}",
-        runc.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned())
+    find_program("CRIU_CUDA_RUNC", "runc")
 }
 
 /// One container, from bundle to `runc delete -f`.
@@ -113,19 +76,6 @@ struct Container {
     stdio: Vec<Child>,
     /// Whether `runc run` was ever started (and so `runc delete -f` is owed).
     started: bool,
-}
-
-fn write(p: &Path, text: &str) -> R {
-    std::fs::write(p, text).map_err(|e| format!("writing {}: {e}", p.display()))
-}
-
-fn mkdir(p: &Path) -> R {
-    std::fs::create_dir_all(p).map_err(|e| format!("creating {}: {e}", p.display()))
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 impl Container {
@@ -369,34 +319,9 @@ impl Container {
         Ok(())
     }
 
-    /// The world's processes that are alive (a restore thread seen from here): `(host pid,
-    /// state)`.
-    fn live_cuda_states(&self) -> R<Vec<(i32, &'static str)>> {
-        let st = MockWorld::open(&self.world)
-            .and_then(|w| w.status())
-            .map_err(|e| e.to_string())?;
-        Ok(st
-            .processes
-            .iter()
-            .filter(|p| p.restore_tid_here().is_some())
-            .filter_map(|p| Some((p.host_pid()?, p.state().name())))
-            .collect())
-    }
-
     /// Both CUDA tasks alive and in `want` in the world (waits up to 3 s for it).
     fn expect_cuda(&self, want: &str) -> R {
-        let check = || -> R {
-            let live = self.live_cuda_states()?;
-            ensure!(
-                live.len() == 2 && live.iter().all(|(_, s)| *s == want),
-                "expected the 2 CUDA tasks {want} in the mock world, found (host pid, state) {live:?}"
-            );
-            Ok(())
-        };
-        if wait_until(Duration::from_secs(3), || check().is_ok()) {
-            return Ok(());
-        }
-        check()
+        expect_live_cuda(&self.world, want)
     }
 
     /// Every process of the container answers SIGUSR1 with a PASS line (`runc kill --all`).
@@ -516,22 +441,9 @@ impl Container {
             }
         }
         self.stdio.clear();
-        let marker = self.marker();
-        let ended = wait_until(Duration::from_secs(90), || {
-            reap();
-            processes_with_env(&marker).is_empty()
-        });
-        if !ended {
-            let left = processes_with_env(&marker);
-            for &p in &left {
-                let cmd = read(Path::new(&format!("/proc/{p}/cmdline"))).replace('\0', " ");
-                eprintln!("    process {p} left: {cmd}");
-                signal(p, SIGCONT);
-                signal(p, SIGKILL);
-            }
-            reap();
+        if let Err(e) = end_marked_processes(&self.marker(), Duration::from_secs(90)) {
             if result.is_ok() {
-                result = Err(format!("processes of the case were left: {left:?}"));
+                result = Err(e);
             }
         }
         result
@@ -662,6 +574,20 @@ fn checkpoint_fails(c: &mut Container) -> R<String> {
     ensure!(
         !out.status.success(),
         "runc checkpoint succeeded although the 2nd task's lock fails"
+    );
+    // What runc shows (docs/troubleshooting.md): that CRIU failed, and where its log is; the
+    // plugin's message is in that log only.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dump_log = format!("log file: {}", c.images.join("dump.log").display());
+    ensure!(
+        stderr.contains("criu failed: type NOTIFY errno 0") && stderr.contains(&dump_log),
+        "runc checkpoint's stderr does not say `criu failed: type NOTIFY errno 0` and \
+         `{dump_log}`:\n{stderr}"
+    );
+    ensure!(
+        !stderr.contains("CUDA_ERROR_NOT_READY") && !stderr.contains("cuda_plugin"),
+        "runc checkpoint's stderr shows the plugin's message, which docs/troubleshooting.md says \
+         runc does not (update it):\n{stderr}"
     );
     c.expect_options_file("dump", &log)?;
     ensure!(
@@ -954,7 +880,7 @@ fn main() {
             skipped(reason.into())
         }
     } else {
-        match runc.map(|r| runc_version(&r).map(|v| (r, v))) {
+        match runc.map(|r| program_version(&r).map(|v| (r, v))) {
             None if !require_runc => skipped(
                 "runc is not installed (apt-get install runc; CRIU_CUDA_RUNC=PATH names another)"
                     .into(),

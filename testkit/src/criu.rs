@@ -64,6 +64,35 @@ macro_rules! ensure {
     };
 }
 
+/// Writes `text` to `p`; the error names the file.
+pub fn write(p: &Path, text: &str) -> R {
+    std::fs::write(p, text).map_err(|e| format!("writing {}: {e}", p.display()))
+}
+
+/// Creates `p` and its parents; the error names the directory.
+pub fn mkdir(p: &Path) -> R {
+    std::fs::create_dir_all(p).map_err(|e| format!("creating {}: {e}", p.display()))
+}
+
+/// The last `n` lines of `s` (of a log, for an error message).
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// `mock-cuda-app`'s options for the 3-process tree of the real-CRIU and container tests: a
+/// multi-threaded CUDA root, a CPU-only child, a CUDA grandchild.
+pub const TREE3: [&str; 8] = [
+    "--kib",
+    "64",
+    "--threads",
+    "1",
+    "--children",
+    "1",
+    "--child-args",
+    "--cpu-only --children 1 --kib 16",
+];
+
 // ---------------------------------------------------------------------------------------------
 // Artifacts
 
@@ -215,6 +244,37 @@ pub fn find_criu() -> Vec<Criu> {
     found
 }
 
+/// A program the container tests drive: the path in environment variable `var`, else `name`
+/// found in `PATH`.
+pub fn find_program(var: &str, name: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(var) {
+        return Some(PathBuf::from(p));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The first line `program --version` prints.
+pub fn program_version(program: &Path) -> R<String> {
+    let out = Command::new(program)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("running {} --version: {e}", program.display()))?;
+    ensure!(
+        out.status.success(),
+        "{} --version failed: {}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Processes
 
@@ -223,6 +283,7 @@ extern "C" {
     fn prctl(option: c_int, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> c_int;
     fn geteuid() -> u32;
     fn setsid() -> c_int;
+    fn unshare(flags: c_int) -> c_int;
 }
 
 /// True when running as root.
@@ -236,6 +297,32 @@ pub fn become_subreaper() -> bool {
     const PR_SET_CHILD_SUBREAPER: c_int = 36;
     // SAFETY: prctl(2) with integer arguments only; touches no memory of ours.
     unsafe { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 }
+}
+
+/// Moves this process into a mount namespace of its own whose mounts no longer propagate to
+/// the host's (`unshare -m --propagation private`): what the test mounts afterwards, and what
+/// the programs it starts mount, is seen by them only and goes away with the last of them.
+/// Call it while the process has a single thread (first thing in `main`): `unshare(2)` refuses
+/// `CLONE_NEWNS` to a thread that shares its filesystem attributes with another.
+pub fn enter_private_mount_namespace() -> R {
+    const CLONE_NEWNS: c_int = 0x0002_0000;
+    // SAFETY: unshare(2) takes one integer and touches no memory of ours.
+    if unsafe { unshare(CLONE_NEWNS) } != 0 {
+        return Err(format!(
+            "unshare(CLONE_NEWNS): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let out = Command::new("mount")
+        .args(["--make-rprivate", "/"])
+        .output()
+        .map_err(|e| format!("running mount --make-rprivate /: {e}"))?;
+    ensure!(
+        out.status.success(),
+        "mount --make-rprivate / failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// Collects every exited child (our own, and the orphans reparented to us). Only called when
@@ -275,6 +362,28 @@ pub fn wait_pids_gone(pids: &[i32], limit: Duration) -> R {
         ensure!(gone, "pid {pid} of the dumped tree is still there");
     }
     Ok(())
+}
+
+/// Waits up to `limit` (reaping) until no process has `marker` (`NAME=value`) in its
+/// environment; then kills (SIGCONT, SIGKILL) and names on stderr any that are left, and fails
+/// with their pids ("processes of the case were left").
+pub fn end_marked_processes(marker: &str, limit: Duration) -> R {
+    let ended = wait_until(limit, || {
+        reap();
+        processes_with_env(marker).is_empty()
+    });
+    if ended {
+        return Ok(());
+    }
+    let left = processes_with_env(marker);
+    for &p in &left {
+        let cmd = read(Path::new(&format!("/proc/{p}/cmdline"))).replace('\0', " ");
+        eprintln!("    process {p} left: {cmd}");
+        signal(p, SIGCONT);
+        signal(p, SIGKILL);
+    }
+    reap();
+    Err(format!("processes of the case were left: {left:?}"))
 }
 
 /// Ok when every thread of `pid` is alive, not stopped (`T`/`t`), not a zombie and not traced.
@@ -330,17 +439,49 @@ pub fn cli_runs(trace: &str) -> usize {
         .count()
 }
 
+/// What `mock-world status` shows of `world`.
+fn world_status(world: &Path) -> R<mock_cuda_world::client::Status> {
+    MockWorld::open(world)
+        .and_then(|w| w.status())
+        .map_err(|e| e.to_string())
+}
+
 /// The CUDA state of each process of the world whose host pid is known, in world-id order
 /// (the rows of `mock-world status`: a pid reused after a process died has two).
 pub fn world_states(world: &Path) -> R<Vec<(i32, CudaState)>> {
-    let st = MockWorld::open(world)
-        .and_then(|w| w.status())
-        .map_err(|e| e.to_string())?;
-    Ok(st
+    Ok(world_status(world)?
         .processes
         .iter()
         .filter_map(|p| Some((p.host_pid()?, p.state())))
         .collect())
+}
+
+/// The world's processes that are alive (a restore thread seen from here): `(host pid,
+/// state)`.
+pub fn live_cuda_states(world: &Path) -> R<Vec<(i32, &'static str)>> {
+    Ok(world_status(world)?
+        .processes
+        .iter()
+        .filter(|p| p.restore_tid_here().is_some())
+        .filter_map(|p| Some((p.host_pid()?, p.state().name())))
+        .collect())
+}
+
+/// The 2 CUDA tasks of [`TREE3`] alive and in state `want` (`running`, ...) in the world
+/// (waits up to 3 s for it).
+pub fn expect_live_cuda(world: &Path, want: &str) -> R {
+    let check = || -> R {
+        let live = live_cuda_states(world)?;
+        ensure!(
+            live.len() == 2 && live.iter().all(|(_, s)| *s == want),
+            "expected the 2 CUDA tasks {want} in the mock world, found (host pid, state) {live:?}"
+        );
+        Ok(())
+    };
+    if wait_until(Duration::from_secs(3), || check().is_ok()) {
+        return Ok(());
+    }
+    check()
 }
 
 /// Creates the world `world` from `config` (TOML) with the built mock library and NVML
