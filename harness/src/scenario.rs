@@ -23,7 +23,9 @@
 //!                      # CUDA tasks: `gpus = [0, 1]`, `kib = 64` (every byte real), or
 //!                      # `gib = 80.0` (virtual device memory: a memset and 16 pattern windows,
 //!                      # `mock-cuda-app --gib`), and `kernel_ms = 500` (a kernel of that many
-//!                      # milliseconds always in flight: a lock waits for it); any task:
+//!                      # milliseconds always in flight: a lock waits for it), and
+//!                      # `collective = "tp"` (a member of that collective: its lock waits
+//!                      # until every member has a lock requested); any task:
 //!                      # `seccomp = true` (a seccomp filter, checked after a restore)
 //! namespaces = ["pid", "mount"]   # optional: the tree starts in new namespaces, as in a
 //!                      # container (any of "pid", "mount"; below)
@@ -387,6 +389,11 @@ pub struct TaskSpec {
     /// Milliseconds of the kernel a CUDA task keeps in flight (`mock-cuda-app --kernel-ms`).
     #[serde(default)]
     pub kernel_ms: Option<u64>,
+    /// The collective a CUDA task is a member of (`mock-cuda-app --collective NAME:SIZE`, the
+    /// size being how many tasks of the scenario name it): its lock completes only once every
+    /// member has a lock requested, as an NCCL rank's kernel waits for its peers.
+    #[serde(default)]
+    pub collective: Option<String>,
     /// Extra environment of the task (e.g. `CUDA_VISIBLE_DEVICES`).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -1034,9 +1041,18 @@ impl Scenario {
             for (key, given) in [
                 ("gib", t.gib.is_some()),
                 ("kernel_ms", t.kernel_ms.is_some()),
+                ("collective", t.collective.is_some()),
             ] {
                 if given && !t.cuda {
                     return Err(format!("task `{}`: `{key}` needs `cuda = true`", t.name));
+                }
+            }
+            if let Some(c) = &t.collective {
+                if c.is_empty() || c.contains(':') || c.chars().any(char::is_whitespace) {
+                    return Err(format!(
+                        "task `{}`: collective = {c:?}: a name without `:` or spaces",
+                        t.name
+                    ));
                 }
             }
             if let Some(k) = t.env.keys().find(|k| !is_env_name(k)) {
@@ -1632,7 +1648,7 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
     }
 
     #[test]
-    fn cuda_tasks_take_sizes_in_gib_and_kernels_in_flight() {
+    fn cuda_tasks_take_sizes_in_gib_kernels_in_flight_and_collectives() {
         let text = MINIMAL.replace(
             "{ name = \"c\", parent = \"root\", threads = 2 }",
             "{ name = \"c\", parent = \"root\", cuda = true, gib = 80, kernel_ms = 500 }",
@@ -1640,12 +1656,18 @@ start_gpus = { root = ["GPU-a1111111-1111-4111-8111-111111111111"] }
         let s = Scenario::parse("s.toml", &text).unwrap();
         assert_eq!(s.workload.tasks[1].gib, Some(80.0));
         assert_eq!(s.workload.tasks[1].kernel_ms, Some(500));
+        let text = MINIMAL.replace("threads = 2", "cuda = true, collective = \"tp\"");
+        let s = Scenario::parse("s.toml", &text).unwrap();
+        assert_eq!(s.workload.tasks[1].collective.as_deref(), Some("tp"));
         for (task, why) in [
             ("cuda = true, gib = 80, kib = 4", "exclude each other"),
             ("cuda = true, gib = -1.5", "must be a positive number"),
             ("gib = 80", "`gib` needs `cuda = true`"),
             ("kernel_ms = 500", "`kernel_ms` needs `cuda = true`"),
             ("cuda = true, kernel_ms = -5", "kernel_ms"),
+            ("collective = \"tp\"", "`collective` needs `cuda = true`"),
+            ("cuda = true, collective = \"tp:8\"", "a name without `:`"),
+            ("cuda = true, collective = \"\"", "a name without `:`"),
         ] {
             let bad = MINIMAL.replace("threads = 2", task);
             let e = Scenario::parse("dir/s.toml", &bad).unwrap_err().to_string();

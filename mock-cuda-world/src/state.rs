@@ -96,6 +96,40 @@ pub struct ProcessEntry {
     /// the caller's death brings (see mock-libcuda's `custom` module).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_caller: Option<String>,
+    /// The collective the process is a member of (`MOCK_CUDA_COLLECTIVE=NAME:SIZE`, what
+    /// `mock-cuda-app --collective` sets), as the ranks of an NCCL communicator are: a
+    /// member's lock completes only once every member has a lock requested (see
+    /// [`StateFile::collective_gathered`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<Collective>,
+    /// A lock request is being carried out on the process's restore thread (it waits for the
+    /// process's work in flight): a lock requested and not yet answered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub locking: bool,
+}
+
+/// Membership of a collective: its name and how many members it has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Collective {
+    pub name: String,
+    pub size: u32,
+}
+
+impl Collective {
+    /// Parses `NAME:SIZE` (a non-empty name without `:`, a size of at least 1).
+    pub fn parse(s: &str) -> Result<Collective, String> {
+        let bad = || format!("{s:?} is not NAME:SIZE (a name and a number of members, at least 1)");
+        let (name, size) = s.rsplit_once(':').ok_or_else(bad)?;
+        let size: u32 = size.trim().parse().map_err(|_| bad())?;
+        if name.is_empty() || name.contains(':') || size == 0 {
+            return Err(bad());
+        }
+        Ok(Collective {
+            name: name.to_owned(),
+            size,
+        })
+    }
 }
 
 impl ProcessEntry {
@@ -213,15 +247,37 @@ impl StateFile {
             .map(|(id, e)| (*id, e))
     }
 
+    /// Whether every member of `c` has a lock requested: how many processes of the collective
+    /// are LOCKED (or further: CHECKPOINTED, CHECKPOINTING, RESTORING) or have a lock in
+    /// progress, against its size. A member's work in flight needs all its peers (as an
+    /// NCCL rank's kernel waits for the other ranks), so its lock completes only then.
+    #[must_use]
+    pub fn collective_gathered(&self, c: &Collective) -> bool {
+        let joined = self
+            .processes
+            .values()
+            .filter(|e| e.collective.as_ref().is_some_and(|m| m.name == c.name))
+            .filter(|e| {
+                e.locking || !matches!(e.state(), CUprocessState::RUNNING | CUprocessState::FAILED)
+            })
+            .count();
+        joined >= c.size as usize
+    }
+
     /// Reads and validates a state file.
     pub fn load(path: &Path) -> Result<StateFile, WorldError> {
+        let text = std::fs::read_to_string(path).map_err(|e| WorldError::io(path, e))?;
+        StateFile::parse(&text, path)
+    }
+
+    /// Validates the text of the state file `path`.
+    fn parse(text: &str, path: &Path) -> Result<StateFile, WorldError> {
         let bad = |reason: String| WorldError::State {
             path: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| WorldError::io(path, e))?;
         let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+            serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
         match value.get("format").and_then(|f| f.as_str()) {
             Some(STATE_FORMAT) => {}
             Some(other) => return Err(bad(format!("format {other:?} is not {STATE_FORMAT:?}"))),
@@ -247,6 +303,29 @@ impl StateFile {
 }
 
 impl World {
+    /// The state file as it is now: read whole every time, but parsed again only when its
+    /// bytes differ from those this world last parsed (else a copy of what it parsed then).
+    /// Every CUDA call of a workload reads the state, and parsing it is what costs: with 64
+    /// processes, 64 workloads checking their memory every 50 ms parsed its 30 KB over a
+    /// thousand times a second, which took most of a 2-core machine.
+    fn load_state(&self) -> Result<StateFile, WorldError> {
+        let path = self.state_path();
+        let bytes = std::fs::read(&path).map_err(|e| WorldError::io(&path, e))?;
+        let mut cache = self.state_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, st)) = cache.as_ref() {
+            if *seen == bytes {
+                return Ok(st.clone());
+            }
+        }
+        let text = String::from_utf8(bytes).map_err(|e| WorldError::State {
+            path: path.display().to_string(),
+            reason: format!("not UTF-8 ({e})"),
+        })?;
+        let st = StateFile::parse(&text, &path)?;
+        *cache = Some((text.into_bytes(), st.clone()));
+        Ok(st)
+    }
+
     /// Runs `f` on the state under the world's exclusive lock and stores the result. `f` may
     /// run more than once: when the lock was broken while this thread was stopped holding it
     /// (see [`LOCK_BREAK_AFTER`]), its first result is discarded and the update starts again
@@ -255,7 +334,7 @@ impl World {
         self.logged("state update", || loop {
             let guard = self.lock_state()?;
             let path = self.state_path();
-            let mut state = StateFile::load(&path)?;
+            let mut state = self.load_state()?;
             let before = state.clone();
             let r = f(&mut state);
             if state == before {
@@ -287,7 +366,7 @@ impl World {
     /// threads that CRIU may freeze at any point; a reader must never hold the world's lock.
     /// An error is also written to the world's error log.
     pub fn read_state(&self) -> Result<StateFile, WorldError> {
-        self.logged("state read", || StateFile::load(&self.state_path()))
+        self.logged("state read", || self.load_state())
     }
 
     fn lock_state(&self) -> Result<StateLock, WorldError> {
@@ -422,6 +501,8 @@ pub(crate) fn test_entry(pid: i32, ns: u64, nspid: i32, state: CUprocessState) -
         reserved: Vec::new(),
         custom_storage: false,
         open_caller: None,
+        collective: None,
+        locking: false,
     }
 }
 
@@ -433,6 +514,51 @@ mod tests {
         test_entry(pid, ns, nspid, CUprocessState::RUNNING)
     }
 
+    #[test]
+    fn a_collective_is_name_and_size() {
+        assert_eq!(
+            Collective::parse("tp:8"),
+            Ok(Collective {
+                name: "tp".into(),
+                size: 8
+            })
+        );
+        for bad in ["tp", "tp:", ":8", "tp:0", "tp:x", "a:b:2", "tp:-1"] {
+            assert!(Collective::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A collective is gathered once each of its members is locking, LOCKED or further along;
+    /// members of another collective and processes of none do not count.
+    #[test]
+    fn a_collective_gathers_when_every_member_has_a_lock_requested() {
+        let tp = Collective::parse("tp:3").unwrap();
+        let mut st = StateFile::default();
+        for (id, name) in [(1, "tp"), (2, "tp"), (3, "tp"), (4, "dp")] {
+            let mut e = entry(100 + id as i32, 1, 100 + id as i32);
+            e.collective = Some(Collective {
+                name: name.into(),
+                size: 3,
+            });
+            st.processes.insert(id, e);
+        }
+        st.processes.insert(5, entry(105, 1, 105));
+        assert!(!st.collective_gathered(&tp));
+        st.processes.get_mut(&1).unwrap().locking = true;
+        st.processes.get_mut(&2).unwrap().state = CUprocessState::CHECKPOINTED.0;
+        for other in [4, 5] {
+            st.processes.get_mut(&other).unwrap().locking = true;
+        }
+        assert!(!st.collective_gathered(&tp), "one member is not locking");
+        st.processes.get_mut(&3).unwrap().state = CUprocessState::LOCKED.0;
+        assert!(st.collective_gathered(&tp));
+        st.processes.get_mut(&3).unwrap().state = CUprocessState::FAILED.0;
+        assert!(
+            !st.collective_gathered(&tp),
+            "a failed member takes no part"
+        );
+    }
+
     fn small_world() -> (tempfile::TempDir, World) {
         let dir = tempfile::tempdir().unwrap();
         let cfg = "schema = 1\n[driver]\nbranch = 580\n";
@@ -442,6 +568,37 @@ mod tests {
             .unwrap();
         let w = World::open(dir.path()).unwrap();
         (dir, w)
+    }
+
+    /// A read parses the file only when its bytes changed since the last read; a change by
+    /// another world's handle (another process), by rename or in place, and a file gone bad
+    /// are seen at the next read.
+    #[test]
+    fn a_read_sees_every_new_version_of_the_state() {
+        let (dir, w) = small_world();
+        let other = World::open(dir.path()).unwrap();
+        let path = dir.path().join("state.json");
+        assert_eq!(w.read_state().unwrap().next_alloc, 1);
+        assert_eq!(w.read_state().unwrap(), w.read_state().unwrap());
+        other.update(|st| st.next_alloc = 7).unwrap();
+        assert_eq!(w.read_state().unwrap().next_alloc, 7, "replaced by rename");
+        let mut st = w.read_state().unwrap();
+        st.next_alloc = 8;
+        let text = serde_json::to_string_pretty(&st).unwrap();
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(
+            w.read_state().unwrap().next_alloc,
+            8,
+            "rewritten in place, same size"
+        );
+        w.update(|st| st.registered = 3).unwrap();
+        let st = other.read_state().unwrap();
+        assert_eq!((st.next_alloc, st.registered), (8, 3));
+        std::fs::write(&path, "{").unwrap();
+        assert!(
+            w.read_state().is_err(),
+            "a bad file is an error, not the last good state"
+        );
     }
 
     #[test]

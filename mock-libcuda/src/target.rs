@@ -195,6 +195,8 @@ pub struct Runtime {
     /// namespace changes it; the restore thread then re-announces the process).
     announced_ns: AtomicU64,
     gate: Gate,
+    /// The collective the process is a member of ([`COLLECTIVE_ENV`]).
+    collective: Option<crate::world::state::Collective>,
     saved: Mutex<Vec<SavedAlloc>>,
     gpu_handle: Mutex<Option<OwnedFd>>,
     restore_tid: OnceLock<i32>,
@@ -228,6 +230,17 @@ pub fn runtime() -> Option<&'static Arc<Runtime>> {
     RUNTIME.get()
 }
 
+/// Environment variable of a target: `NAME:SIZE` makes the process a member of the collective
+/// NAME of SIZE members (`mock-cuda-app --collective`), as the ranks of an NCCL communicator
+/// are: its work in flight needs every member, so a lock of it completes only once every
+/// member has a lock requested (in progress or done); until then it waits, up to its
+/// `timeoutMs` (then `CUDA_ERROR_NOT_READY`), like a rank whose all-reduce waits for peers
+/// that are frozen or not being locked.
+pub const COLLECTIVE_ENV: &str = "MOCK_CUDA_COLLECTIVE";
+
+/// How often a lock of a collective's member looks whether every member has a lock requested.
+const COLLECTIVE_POLL: Duration = Duration::from_millis(10);
+
 /// How long registration waits for the new restore thread to report its thread id.
 const RESTORE_THREAD_START: Duration = Duration::from_secs(30);
 
@@ -245,6 +258,15 @@ pub fn ensure_registered(
     if let Some(rt) = RUNTIME.get() {
         return Ok(rt);
     }
+    let collective = match std::env::var(COLLECTIVE_ENV) {
+        Err(_) => None,
+        Ok(v) => Some(crate::world::state::Collective::parse(&v).map_err(|why| {
+            let what = format!("{COLLECTIVE_ENV}: {why}");
+            eprintln!("mock libcuda: {what}");
+            world.log_error(&what);
+            CUresult::ERROR_INVALID_VALUE
+        })?),
+    };
     // No stand-in GPU handle, no CUDA process: a mock process without it would let a dump
     // without the plugin pass (CRIU refuses only the handle), a false pass for any test.
     let gpu_handle = crate::ffi::sys::open_gpu_handle().map_err(|why| {
@@ -270,6 +292,7 @@ pub fn ensure_registered(
             locking: AtomicBool::new(false),
             active: AtomicU32::new(0),
         },
+        collective: collective.clone(),
         saved: Mutex::new(Vec::new()),
         gpu_handle: Mutex::new(gpu_handle),
         restore_tid: OnceLock::new(),
@@ -338,6 +361,8 @@ pub fn ensure_registered(
                     reserved: Vec::new(),
                     custom_storage: false,
                     open_caller: None,
+                    collective: collective.clone(),
+                    locking: false,
                 },
             );
         })
@@ -610,6 +635,28 @@ impl Runtime {
         }
     }
 
+    /// Records in the world that a lock of this process is (or no longer is) in progress, for
+    /// the members of its collective to see.
+    fn mark_locking(&self, on: bool) {
+        if self.collective.is_none() {
+            return;
+        }
+        let id = self.id;
+        let _ = self.world().update(|st| {
+            if let Some(e) = st.processes.get_mut(&id) {
+                e.locking = on;
+            }
+        });
+    }
+
+    /// Whether every member of `c` has a lock requested (the world as it is now; a state
+    /// that cannot be read counts as not yet).
+    fn collective_gathered(&self, c: &crate::world::state::Collective) -> bool {
+        self.world()
+            .read_state()
+            .is_ok_and(|st| st.collective_gathered(c))
+    }
+
     fn set_state(&self, state: CUprocessState) -> CUresult {
         self.gate.state.store(state.0, SeqCst);
         let id = self.id;
@@ -637,14 +684,32 @@ impl Runtime {
                 g.locking.store(true, SeqCst);
                 let deadline = (*timeout_ms > 0)
                     .then(|| Instant::now() + Duration::from_millis(u64::from(*timeout_ms)));
+                let give_up = || {
+                    g.locking.store(false, SeqCst);
+                    self.mark_locking(false);
+                    CUresult::ERROR_NOT_READY
+                };
                 while g.active.load(SeqCst) > 0 {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
-                        g.locking.store(false, SeqCst);
-                        return CUresult::ERROR_NOT_READY;
+                        return give_up();
                     }
                     std::thread::sleep(GATE_POLL);
                 }
+                if let Some(c) = &self.collective {
+                    // The member's work in flight needs every member: it finishes (and the
+                    // lock completes) once each of them has a lock requested.
+                    self.mark_locking(true);
+                    while !self.collective_gathered(c) {
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            return give_up();
+                        }
+                        std::thread::sleep(COLLECTIVE_POLL);
+                    }
+                }
                 let r = self.set_state(CUprocessState::LOCKED);
+                if self.collective.is_some() {
+                    self.mark_locking(false);
+                }
                 g.locking.store(false, SeqCst);
                 r
             }

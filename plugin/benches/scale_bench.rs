@@ -119,7 +119,8 @@ impl Job {
     }
 
     /// The modelled copy time of a dump (or a restore) under the world's default rates: one
-    /// task's transfer after another, or with `parallel=` (N > 1 or auto) all of them at once
+    /// task's transfer after another with `parallel=1`, or with `parallel=` N > 1 or auto (the
+    /// default, also when no `parallel=` is given) all of them at once
     /// sharing the links and the host ceiling (`mock_cuda_world::rates::simulate`; `auto` and
     /// N >= TASKS start every task together, smaller N is modelled as waves of N).
     fn modelled_copy(&self) -> Duration {
@@ -130,7 +131,7 @@ impl Job {
             .options
             .iter()
             .find_map(|o| o.strip_prefix("cuda_plugin.parallel="))
-            .map_or(1, |w| {
+            .map_or(16, |w| {
                 if w == "auto" {
                     16
                 } else {

@@ -92,7 +92,7 @@ pub enum EngineError {
         pid: Pid,
         state: CUprocessState,
     },
-    #[error("{}", freeze_timeout_message(*pid, *criu_timeout, *left, cause.as_ref()))]
+    #[error("{}", freeze_timeout_message(*pid, *criu_timeout, *left, cause.as_ref(), *narrow))]
     FreezeTimeout {
         pid: Pid,
         /// CRIU's `--timeout`, when known.
@@ -101,6 +101,18 @@ pub enum EngineError {
         left: Option<Duration>,
         /// The lock's failure, when one was tried.
         cause: Option<BackendError>,
+        /// The lock ran with fewer tasks locked at once than the tree has (how many: 1 in
+        /// sequential mode): the message names the likely cause, a collective (see
+        /// `collective_hint`).
+        narrow: Option<usize>,
+    },
+    /// A lock that timed out while the tree's tasks were locked fewer at a time than it has
+    /// (`width`; 1 in sequential mode): the backend's failure, and the likely cause.
+    #[error("PAUSE_DEVICES: {cause}; {}", collective_hint(*width))]
+    LockTimeout {
+        pid: Pid,
+        cause: BackendError,
+        width: usize,
     },
     #[error(
         "PAUSE_DEVICES: another tool locked the task while the dump was starting ({cause}; its \
@@ -175,6 +187,7 @@ impl crate::message::Caused for EngineError {
             Self::ImageFormat { cause, .. } => Some(cause),
             Self::BadState { .. }
             | Self::FreezeTimeout { .. }
+            | Self::LockTimeout { .. }
             | Self::ForeignLock { .. }
             | Self::Stopped { .. }
             | Self::HostTooSmall { .. }
@@ -200,11 +213,31 @@ fn mig_message(on_mig: &[(Pid, abi::GpuUuid)]) -> String {
     )
 }
 
+/// The start of [`collective_hint`].
+const COLLECTIVE_RANKS: &str = "if these tasks are ranks of a collective (NCCL ranks, say)";
+
+/// The end of [`collective_hint`].
+const COLLECTIVE_FIX: &str = "each rank's lock waits for its collective work in flight, which \
+     waits for its peers; lock them all at once with cuda_plugin.parallel=auto (up to 16 \
+     tasks) or cuda_plugin.parallel=N (N ranks)";
+
+/// The likely cause of a lock that timed out while the tree's tasks were locked `width` at a
+/// time (1: one at a time), fewer than it has: the ranks of a collective (NCCL's, say) each
+/// wait for their peers.
+fn collective_hint(width: usize) -> String {
+    if width <= 1 {
+        format!("{COLLECTIVE_RANKS}, they cannot be locked one at a time: {COLLECTIVE_FIX}")
+    } else {
+        format!("{COLLECTIVE_RANKS}, they cannot be locked {width} at a time: {COLLECTIVE_FIX}")
+    }
+}
+
 fn freeze_timeout_message(
     pid: Pid,
     criu_timeout: Option<u32>,
     left: Option<Duration>,
     cause: Option<&BackendError>,
+    narrow: Option<usize>,
 ) -> String {
     let timeout = criu_timeout.map_or_else(
         || "CRIU's freezing timeout (--timeout)".to_owned(),
@@ -231,10 +264,11 @@ fn freeze_timeout_message(
             ),
         ),
     };
+    let hint = narrow.map_or_else(String::new, |w| format!("; {}", collective_hint(w)));
     format!(
         "PAUSE_DEVICES{task}: {what}; every CUDA task of the tree must be locked and frozen \
          within that timeout: raise it (criu dump --timeout SECONDS), or find out what keeps \
-         the task's CUDA work from finishing"
+         the task's CUDA work from finishing{hint}"
     )
 }
 
@@ -625,7 +659,9 @@ impl Engine {
                 let started = std::time::Instant::now();
                 if let Err(cause) = self.backend.lock(pid, limits) {
                     let took = started.elapsed();
-                    return Err(self.failed_lock(rec, cause, limits, took, alarm_left));
+                    // In sequential mode the tree's tasks are locked one at a time.
+                    let narrow = (self.cfg.parallel <= 1).then_some(1);
+                    return Err(self.failed_lock(rec, cause, limits, took, alarm_left, narrow));
                 }
                 rec.locked_by_us = true;
             }
@@ -718,6 +754,7 @@ impl Engine {
         );
         self.batch_ran = true;
         let done = self.backend.lock_many(&pids, limits, width);
+        let narrow = (width < n).then_some(width);
         for (i, (r, took)) in done.into_iter().enumerate() {
             let (pid, tid) = (pids[i], tids[i]);
             let r = match r {
@@ -725,7 +762,7 @@ impl Engine {
                 Err(cause) => {
                     let mut rec = ahead_record(pid, tid);
                     rec.locked_by_us = false;
-                    Err(self.failed_lock(rec, cause, limits, took, alarm_left))
+                    Err(self.failed_lock(rec, cause, limits, took, alarm_left, narrow))
                 }
             };
             ahead.push((pid, r));
@@ -880,6 +917,7 @@ impl Engine {
             criu_timeout: self.cfg.criu_timeout,
             left,
             cause: None,
+            narrow: None,
         };
         match self.host.freeze_alarm() {
             FreezeAlarm::Expired => Err(timeout(None)),
@@ -917,6 +955,7 @@ impl Engine {
         limits: LockLimits,
         took: Duration,
         alarm_left: Option<Duration>,
+        narrow: Option<usize>,
     ) -> EngineError {
         let pid = rec.pid;
         // The alarm is to blame only when the lock ran into the limit it set.
@@ -943,12 +982,18 @@ impl Engine {
                 pid,
                 criu_timeout: self.cfg.criu_timeout,
                 left: Some(left),
+                narrow: narrow.filter(|_| cause.is_driver_lock_timeout()),
                 cause: Some(cause),
             },
-            _ => EngineError::Backend {
-                step: Step::Pause,
-                pid,
-                cause,
+            _ => match narrow {
+                Some(width) if cause.is_driver_lock_timeout() => {
+                    EngineError::LockTimeout { pid, cause, width }
+                }
+                _ => EngineError::Backend {
+                    step: Step::Pause,
+                    pid,
+                    cause,
+                },
             },
         }
     }

@@ -130,7 +130,8 @@ pub enum Parallel {
     Width(u32),
     /// `parallel=auto`: one per task, up to [`Parallel::AUTO_CAP`].
     Auto,
-    /// Nothing given: one at a time.
+    /// Nothing given: as `auto` (the default since issue 29: one lock after another does not
+    /// fit CRIU's freeze alarm for large trees, and cannot lock the ranks of a collective).
     #[default]
     Unset,
 }
@@ -148,8 +149,7 @@ impl Parallel {
     pub fn width(self) -> usize {
         match self {
             Parallel::Width(n) => n as usize,
-            Parallel::Auto => Parallel::AUTO_CAP as usize,
-            Parallel::Unset => 1,
+            Parallel::Auto | Parallel::Unset => Parallel::AUTO_CAP as usize,
         }
     }
 
@@ -240,7 +240,7 @@ pub struct Options {
     pub min_copy_rate: Option<CopyRate>,
     /// `guardian=off`: no helper process (default on; see [`crate::agent`]).
     pub no_guardian: bool,
-    /// `parallel=` (default: one task at a time).
+    /// `parallel=` (default: auto).
     pub parallel: Parallel,
     /// `custom-storage=` (default auto).
     pub custom_storage: CustomStorage,
@@ -456,8 +456,8 @@ pub const DOCS: [OptionDoc; 10] = [
     OptionDoc {
         name: c"parallel",
         value_syntax: c"auto|N",
-        default_value: Some(c"1"),
-        help: c"how many tasks' checkpoints and restores run at once: N > 1 or auto (one per task, at most 16) starts every task's copy at CRIU's first CHECKPOINT_DEVICES / RESUME_DEVICES_LATE call, so the GPUs of a multi-GPU job copy side by side; each task's call still returns its own result, and a failure rolls every task back as in one-at-a-time mode (needs the guardian for the driver API; with guardian=off driver calls stay one at a time)",
+        default_value: Some(c"auto"),
+        help: c"how many tasks' locks, checkpoints and restores run at once: auto (one per task, at most 16) or N > 1 locks the tree's CUDA tasks together at CRIU's first PAUSE_DEVICES call (so that many locks fit CRIU's freeze timeout, and the ranks of a collective, such as NCCL's, which wait for each other, can be locked at all) and starts every task's copy at the first CHECKPOINT_DEVICES / RESUME_DEVICES_LATE call, so the GPUs of a multi-GPU job copy side by side; each task's call still returns its own result, and a failure rolls every task back; 1: one task at a time, each in its own call (needs the guardian for the driver API; with guardian=off driver calls stay one at a time)",
     },
 ];
 
@@ -1032,11 +1032,9 @@ mod tests {
 
     #[test]
     fn parallel_takes_auto_or_a_width() {
-        assert_eq!(
-            Options::default().parallel.width(),
-            1,
-            "one at a time by default"
-        );
+        // The default is auto since issue 29 (it was one at a time): one lock after another
+        // does not fit CRIU's freeze alarm for large trees and cannot lock a collective's ranks.
+        assert_eq!(Options::default().parallel.width(), 16, "auto by default");
         let o = parse(["cuda_plugin.parallel=auto"]).unwrap();
         assert_eq!(o.parallel, Parallel::Auto);
         assert_eq!(o.parallel.width(), 16);

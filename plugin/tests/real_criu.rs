@@ -871,8 +871,17 @@ fn trials(criu_list: &[Criu]) -> Vec<Trial> {
                 let cr = criu.clone();
                 let case = at.name();
                 let faults = at.fault(backend);
+                // One task at a time (parallel=auto is the default): CRIU is killed after the
+                // 1st task's call, while the 2nd task's call is in flight.
                 out.push(Trial::test(name(case), move || {
-                    run_case(cr, backend, case.into(), faults, "", |c| criu_killed(c, at))
+                    run_case(
+                        cr,
+                        backend,
+                        case.into(),
+                        faults,
+                        "cuda_plugin.parallel=1",
+                        |c| criu_killed(c, at),
+                    )
                 }));
             }
             for (case, body) in [

@@ -53,15 +53,19 @@ impl Exec<'_> {
         }
     }
 
-    /// Whether the scenario runs the plugin's parallel mode (`cuda_plugin.parallel=` other
-    /// than 1), whose concurrent driver calls and `cuda-checkpoint` runs land in the trace in
-    /// any order (see [`order_concurrent`]).
+    /// Whether the scenario runs the plugin's parallel mode (the default, `parallel=auto`: its
+    /// last `cuda_plugin.parallel=` is not 1), whose concurrent driver calls and
+    /// `cuda-checkpoint` runs land in the trace in any order (see [`order_concurrent`]).
     fn parallel_mode(&self) -> bool {
-        self.s.options.iter().any(|o| {
-            o.trim_start_matches('-')
-                .strip_prefix("cuda_plugin.parallel=")
-                .is_some_and(|v| v != "1")
-        })
+        self.s
+            .options
+            .iter()
+            .rev()
+            .find_map(|o| {
+                o.trim_start_matches('-')
+                    .strip_prefix("cuda_plugin.parallel=")
+            })
+            .is_none_or(|v| v != "1")
     }
 
     /// Pids and tids to task names, paths and durations removed.

@@ -243,6 +243,13 @@ impl Exec<'_> {
                 if let Some(ms) = t.kernel_ms {
                     let _ = write!(line, " --kernel-ms {ms}");
                 }
+                if let Some(c) = &t.collective {
+                    let size = tasks
+                        .iter()
+                        .filter(|o| o.collective.as_ref() == Some(c))
+                        .count();
+                    let _ = write!(line, " --collective {c}:{size}");
+                }
             } else {
                 line.push_str(" --cpu-only");
             }

@@ -46,8 +46,10 @@ impl Config {
     /// The backend, with any further option the configuration sets.
     pub(crate) fn backend(self) -> Option<&'static str> {
         match self {
-            Config::Driver => Some("driver-api"),
-            Config::Cli => Some("cuda-checkpoint"),
+            // One task at a time (parallel=auto is the default): the baselines of the
+            // parallel configurations.
+            Config::Driver => Some("driver-api cuda_plugin.parallel=1"),
+            Config::Cli => Some("cuda-checkpoint cuda_plugin.parallel=1"),
             Config::Plain => None,
             Config::DriverNoGuardian => Some("driver-api cuda_plugin.guardian=off"),
             Config::DriverParallel => Some("driver-api cuda_plugin.parallel=auto"),

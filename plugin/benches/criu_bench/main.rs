@@ -7,8 +7,10 @@
 //! 1. **Real CRIU** (4.2.x if present, else 4.1.x; `--criu PATH` to choose): dump + restore of
 //!    trees of N = 1, 8, 32 processes (`--sizes`) in each configuration (`--configs` picks some):
 //!    - `driver-api`: `mock-cuda-app --kib 64 --children N-1 --child-args "--kib 64"` (N mock
-//!      CUDA processes) with the plugin, `cuda_plugin.backend=driver-api`;
-//!    - `cuda-checkpoint`: the same tree with `cuda_plugin.backend=cuda-checkpoint`;
+//!      CUDA processes) with the plugin, `cuda_plugin.backend=driver-api` and
+//!      `cuda_plugin.parallel=1` (one task at a time; `auto` is the default);
+//!    - `cuda-checkpoint`: the same tree with `cuda_plugin.backend=cuda-checkpoint` (and
+//!      `parallel=1`);
 //!    - `driver-api-noguard`: as `driver-api` with `cuda_plugin.guardian=off` (no helper
 //!      process: what the guardian costs);
 //!    - `driver-api-parallel`, `cuda-checkpoint-parallel`: as `driver-api` and

@@ -346,6 +346,25 @@ impl BackendError {
             && matches!(self, BackendError::Cuda { .. } | BackendError::Exit { .. })
     }
 
+    /// True when the driver gave a lock up at its timeout, waiting for the task's work in
+    /// flight: `CUDA_ERROR_NOT_READY` through the driver API, exit status 88 from the utility.
+    /// (Not a call the plugin stopped waiting for: that one is a driver that does not answer.)
+    #[must_use]
+    pub fn is_driver_lock_timeout(&self) -> bool {
+        let not_ready = i32::from(CUresult::ERROR_NOT_READY.exit_status());
+        match self {
+            BackendError::Cuda {
+                backend, op, code, ..
+            } => FailureClass::of(*backend, *op, *code) == FailureClass::LockTimeout,
+            BackendError::Exit {
+                op: Op::Lock,
+                status: ExitInfo::Code(c),
+                ..
+            } => *c == not_ready,
+            _ => false,
+        }
+    }
+
     /// True when the failure was a timeout (ours or the driver's lock timeout).
     #[must_use]
     pub fn is_timeout(&self) -> bool {

@@ -22,6 +22,9 @@ enum FaultKind {
     /// The call times out and is abandoned (the driver-API backend): every later call is refused
     /// as busy until the backend settles, and then the call takes effect after all.
     Abandoned,
+    /// The driver's own lock timeout: the call fails with `CUDA_ERROR_NOT_READY` and changes
+    /// nothing.
+    NotReady,
     /// Like `Abandoned`, but the call never returns: `settle` gives up on it.
     Hung,
     /// Another tool locks the task just before the call, which then fails with
@@ -164,6 +167,7 @@ impl FakeBackend {
             }
             Some(FaultKind::Error) => return Err(cuda(op, pid, CUresult::ERROR_UNKNOWN)),
             Some(FaultKind::Timeout) => return Err(timeout(op, pid)),
+            Some(FaultKind::NotReady) => return Err(cuda(op, pid, CUresult::ERROR_NOT_READY)),
             Some(FaultKind::LateSuccess) => {
                 let _ = f(task);
                 return Err(timeout(op, pid));
@@ -1910,4 +1914,131 @@ fn lock_ahead_divides_the_freeze_alarm_among_its_rounds_and_blames_it_by_pid() {
         "{err}"
     );
     assert!(lock_calls(&w).is_empty());
+}
+
+/// A lock that the driver gives up at its timeout while the tree's tasks are locked fewer at a
+/// time than it has names the likely cause (ranks of a collective, which wait for their peers)
+/// and the fix (parallel=auto); one that times out in a batch of every task, or a lock that
+/// fails otherwise (or that the plugin stopped waiting for), does not.
+#[test]
+fn a_lock_timing_out_one_at_a_time_names_a_collective_as_the_likely_cause() {
+    use crate::message::Report;
+    let hint = "if these tasks are ranks of a collective (NCCL ranks, say), they cannot be locked";
+    // Sequential mode, no freeze alarm: the backend's timeout, then the hint.
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&w, EngineConfig::default());
+    e.pause_devices(100).unwrap();
+    let n = w.lock().unwrap().calls.len();
+    w.lock().unwrap().fault_at = Some((n + 2, FaultKind::NotReady));
+    let err = e.pause_devices(101).unwrap_err();
+    let m = Report(&err).to_string();
+    assert!(
+        matches!(
+            err,
+            EngineError::LockTimeout {
+                pid: 101,
+                width: 1,
+                ..
+            }
+        ),
+        "{m}"
+    );
+    assert!(
+        m.starts_with(
+            "PAUSE_DEVICES: failed to lock pid 101 via driver-api: CUDA_ERROR_NOT_READY; "
+        ) && m.contains(&format!("{hint} one at a time: "))
+            && m.contains("cuda_plugin.parallel=auto"),
+        "{m}"
+    );
+    assert_eq!(
+        crate::error::PluginError::from(err).to_errno(),
+        -libc::EIO,
+        "the errno of the backend's failure"
+    );
+    // Sequential mode, the lock run into CRIU's freeze alarm: the freeze timeout, then the hint.
+    let w = world([CUprocessState::RUNNING; 2]);
+    let mut e = engine(&w, EngineConfig::default());
+    e.pause_devices(100).unwrap();
+    w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
+        left: Duration::from_millis(1500),
+    });
+    let n = w.lock().unwrap().calls.len();
+    w.lock().unwrap().fault_at = Some((n + 2, FaultKind::NotReady));
+    let err = e.pause_devices(101).unwrap_err();
+    let m = err.to_string();
+    assert!(
+        matches!(
+            err,
+            EngineError::FreezeTimeout {
+                narrow: Some(1),
+                ..
+            }
+        ),
+        "{m}"
+    );
+    assert!(
+        m.contains("criu dump --timeout SECONDS") && m.contains(hint),
+        "{m}"
+    );
+    // Sequential mode, a lock that fails otherwise, or that the plugin stopped waiting for (a
+    // driver that does not answer): no hint.
+    for kind in [FaultKind::Error, FaultKind::Timeout] {
+        let w = world([CUprocessState::RUNNING; 2]);
+        let mut e = engine(&w, EngineConfig::default());
+        e.pause_devices(100).unwrap();
+        let n = w.lock().unwrap().calls.len();
+        w.lock().unwrap().fault_at = Some((n + 2, kind));
+        let err = e.pause_devices(101).unwrap_err();
+        assert!(
+            matches!(err, EngineError::Backend { .. }),
+            "{kind:?}: {err}"
+        );
+        assert!(!Report(&err).to_string().contains(hint), "{kind:?}: {err}");
+    }
+    // Parallel mode, every task locked at once: a timeout is the backend's, without the hint.
+    let k = clean_call_index(4, "Lock 102");
+    let (w, pids) = ahead_world(4);
+    w.lock().unwrap().fault_at = Some((k, FaultKind::NotReady));
+    let mut e = engine(&w, parallel(4));
+    let err = criu_dump_pids(&w, &mut e, &pids).1.unwrap();
+    assert!(
+        matches!(err, EngineError::Backend { pid: 102, .. }),
+        "{err}"
+    );
+    assert!(!Report(&err).to_string().contains(hint), "{err}");
+    // Parallel mode, 2 at a time of 4: the hint says so.
+    let (w, pids) = ahead_world(4);
+    let mut e = engine(&w, parallel(2));
+    assert_eq!(criu_dump_pids(&w, &mut e, &pids).0, 0);
+    let k = w
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .position(|c| c == "Lock 102")
+        .unwrap();
+    let (w, pids) = ahead_world(4);
+    w.lock().unwrap().fault_at = Some((k, FaultKind::NotReady));
+    let mut e = engine(&w, parallel(2));
+    let err = criu_dump_pids(&w, &mut e, &pids).1.unwrap();
+    assert!(
+        matches!(
+            err,
+            EngineError::LockTimeout {
+                pid: 102,
+                width: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&format!("{hint} 2 at a time: ")),
+        "{err}"
+    );
+    // The hint's "up to 16 tasks" is parallel=auto's cap.
+    assert!(collective_hint(1).contains(&format!(
+        "up to {} tasks",
+        crate::options::Parallel::AUTO_CAP
+    )));
 }

@@ -271,13 +271,16 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     // Without the guardian the driver API's calls run one at a time inside CRIU: a batch would
     // overlap nothing, and locks ahead would each get a share of CRIU's freeze alarm sized for
     // overlapping rounds, so their sum would not be bounded by it.
+    // (Said only when parallel= was given: by default it is simply one at a time then.)
     let mut parallel = options.parallel.width();
     if parallel > 1 && options.no_guardian && matches!(selected, Selected::Driver { .. }) {
         parallel = 1;
-        notes.push(
-            "parallel: off for the driver API with guardian=off (its calls run one at a time)"
-                .to_owned(),
-        );
+        if options.parallel != crate::options::Parallel::Unset {
+            notes.push(
+                "parallel: off for the driver API with guardian=off (its calls run one at a time)"
+                    .to_owned(),
+            );
+        }
     }
     Ok(Start::Enabled(Box::new(Plan {
         stage: ctx.stage,
@@ -1187,6 +1190,11 @@ mod tests {
         // The utility's runs are child processes: they overlap without the guardian.
         assert_eq!(width(&[cli, "parallel=4", "guardian=off"]), (4, false));
         assert_eq!(width(&[driver, "guardian=off"]), (1, false));
+        // By default (auto): all at once, but one at a time for the driver API without the
+        // guardian, without a note.
+        assert_eq!(width(&[driver]), (16, false));
+        assert_eq!(width(&[cli, "guardian=off"]), (16, false));
+        assert_eq!(width(&[driver, "parallel=auto", "guardian=off"]), (1, true));
     }
 
     #[test]

@@ -35,6 +35,11 @@
 //! and the process's environment gets `MOCK_CUDA_KERNEL_MS=MS`, with which the mock driver
 //! keeps each of those calls inside its API gate for MS milliseconds (a lock waits for it). On
 //! a real driver no kernel is launched and the option has no effect.
+//!
+//! `--collective NAME:SIZE` makes the process a member (a rank) of the collective NAME of SIZE
+//! members: the process's environment gets `MOCK_CUDA_COLLECTIVE=NAME:SIZE`, with which the
+//! mock driver holds a lock of it until every member has a lock requested, as an NCCL rank's
+//! kernel waits for its peers. On a real driver the option has no effect.
 
 #![deny(unsafe_code)]
 
@@ -72,6 +77,10 @@ struct Args {
     /// Keep a kernel of this many milliseconds in flight (see the module documentation).
     #[arg(long)]
     kernel_ms: Option<u64>,
+    /// Be a member of the collective NAME of SIZE members (`NAME:SIZE`; see the module
+    /// documentation).
+    #[arg(long, value_name = "NAME:SIZE")]
+    collective: Option<String>,
     /// Extra worker threads that keep calling into the driver.
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -123,6 +132,8 @@ const WINDOW: u64 = 1024;
 const PROBE: u64 = 64;
 /// The environment variable the mock driver reads for `--kernel-ms`.
 const KERNEL_MS_ENV: &str = "MOCK_CUDA_KERNEL_MS";
+/// The environment variable the mock driver reads for `--collective`.
+const COLLECTIVE_ENV: &str = "MOCK_CUDA_COLLECTIVE";
 
 /// The byte at offset `i` of allocation `alloc` (the pattern the workload writes).
 fn pattern(alloc: usize, i: u64) -> u8 {
@@ -376,6 +387,10 @@ fn main() {
         // Read by the mock driver; set before the driver is loaded and any thread starts.
         std::env::set_var(KERNEL_MS_ENV, ms.to_string());
     }
+    if let Some(c) = &args.collective {
+        // Read by the mock driver when the process registers.
+        std::env::set_var(COLLECTIVE_ENV, c);
+    }
     let pid = std::process::id();
     if let Err(e) = run(&args, pid) {
         report(&args, &format!("FAIL pid={pid} reason={e:#}"));
@@ -397,8 +412,10 @@ fn run(args: &Args, pid: u32) -> Result<()> {
     for _ in 0..args.children {
         let exe = std::env::current_exe().context("locating mock-cuda-app")?;
         let mut cmd = std::process::Command::new(exe);
-        // Children keep a kernel in flight only when their own options say so.
+        // Children keep a kernel in flight, or join a collective, only when their own options
+        // say so.
         cmd.env_remove(KERNEL_MS_ENV);
+        cmd.env_remove(COLLECTIVE_ENV);
         match &args.child_args {
             Some(a) => {
                 cmd.args(a.split_whitespace());
