@@ -188,7 +188,7 @@ fn rs_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 }
 
 /// The `const NAME: &str = "value";` definitions of `text` (and `= criu_cuda_env::X;`, whose value
-/// is the variable `CRIU_CUDA_X`).
+/// is the name of the variable that constant declares).
 fn str_consts(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for line in text.lines() {
@@ -196,7 +196,7 @@ fn str_consts(text: &str) -> Vec<(String, String)> {
             continue;
         };
         let rest = &line[at + 6..];
-        // `= criu_cuda_env::X;`: the variable `CRIU_CUDA_X`, declared in that crate.
+        // `= criu_cuda_env::X;`: the name that constant declares (the prefix and X).
         if let Some((name, rest)) = rest.split_once(": &str = criu_cuda_env::") {
             if let Some((ident, _)) = rest.split_once(';') {
                 let value = format!("CRIU_CUDA_{ident}");
