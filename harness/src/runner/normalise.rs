@@ -405,7 +405,7 @@ pub(super) fn known_lock_timeouts(s: &Scenario) -> BTreeSet<u64> {
 /// blocks of one kind (the utility's action, or the called function, with the caller) is
 /// sorted by its text: calls that ran side by side are listed by task name, while the order
 /// of the batch's phases (all checkpoints, then the rollback; all restores, then all unlocks)
-/// is kept.
+/// is kept. A run that never finished is listed last.
 fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<String> {
     let mut blocks: Vec<Vec<String>> = Vec::new();
     let mut at: BTreeMap<i32, usize> = BTreeMap::new();
@@ -444,33 +444,19 @@ fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<Strin
         };
         Some(format!("{who} {what}"))
     };
-    // A run that never got to its own line started among a batch of concurrent runs: whether
-    // its first line came before or after theirs is timing. Placed after the batch that follows
-    // it (two or more runs of one kind), it sorts the same way on every run.
+    // A run that never got to its own line (hung and killed, or crashed) started among a
+    // batch of concurrent runs: whether its first lines came before or after theirs, and
+    // whether the batch it belonged to is the one before or after it, is timing (its lines
+    // name neither its task nor its action). Such runs are listed last, so the transcript is
+    // the same on every run; the plugin log says which task's run it was.
     let unfinished = |b: &[String]| {
         (b[0].starts_with("cuda-checkpoint ") || b[0].starts_with("other ")) && kind_of(b).is_none()
     };
-    let mut i = 0;
-    while i + 1 < blocks.len() {
-        if unfinished(&blocks[i]) {
-            let k = kind_of(&blocks[i + 1]);
-            let mut j = i + 1;
-            while j < blocks.len()
-                && k.is_some()
-                && blocks[j][0].starts_with("cuda-checkpoint ")
-                && kind_of(&blocks[j]) == k
-            {
-                j += 1;
-            }
-            if j - (i + 1) >= 2 {
-                let b = blocks.remove(i);
-                blocks.insert(j - 1, b);
-                i = j;
-                continue;
-            }
-        }
-        i += 1;
-    }
+    let (done, mut cut): (Vec<Vec<String>>, Vec<Vec<String>>) =
+        blocks.into_iter().partition(|b| !unfinished(b));
+    cut.sort();
+    let mut blocks = done;
+    blocks.extend(cut);
     let mut kinds: Vec<Option<String>> = blocks.iter().map(|b| kind_of(b)).collect();
     for i in 1..kinds.len() {
         if kinds[i].is_none() {
