@@ -405,7 +405,7 @@ pub(super) fn known_lock_timeouts(s: &Scenario) -> BTreeSet<u64> {
 /// blocks of one kind (the utility's action, or the called function, with the caller) is
 /// sorted by its text: calls that ran side by side are listed by task name, while the order
 /// of the batch's phases (all checkpoints, then the rollback; all restores, then all unlocks)
-/// is kept. A run that never finished is listed last.
+/// is kept. A run that never finished goes to the end (see below).
 fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<String> {
     let mut blocks: Vec<Vec<String>> = Vec::new();
     let mut at: BTreeMap<i32, usize> = BTreeMap::new();
@@ -447,8 +447,9 @@ fn order_concurrent(lines: Vec<(i32, String)>, cli: &BTreeSet<i32>) -> Vec<Strin
     // A run that never got to its own line (hung and killed, or crashed) started among a
     // batch of concurrent runs: whether its first lines came before or after theirs, and
     // whether the batch it belonged to is the one before or after it, is timing (its lines
-    // name neither its task nor its action). Such runs are listed last, so the transcript is
-    // the same on every run; the plugin log says which task's run it was.
+    // name neither its task nor its action). Such runs go after every finished block (where
+    // they sort by their text with the last group), so the transcript is the same on every
+    // run; the plugin log says which task's run it was.
     let unfinished = |b: &[String]| {
         (b[0].starts_with("cuda-checkpoint ") || b[0].starts_with("other ")) && kind_of(b).is_none()
     };
@@ -563,9 +564,14 @@ mod tests {
         );
         let last = order_concurrent(vec![lock, a, b, hung, after], &cli);
         assert_eq!(first, last);
-        // It joins the batch of checkpoints that followed it and sorts by its text there.
+        // It goes after every finished block (the batch's phases keep their order), where it
+        // sorts by its text with the last group.
         assert_eq!(
-            first[1], "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
+            first[1], "cuda-checkpoint cuda-checkpoint(--action checkpoint --pid g1) = exit=0",
+            "{first:#?}"
+        );
+        assert_eq!(
+            first[3], "cuda-checkpoint cuInit(flags=0) = CUDA_SUCCESS",
             "{first:#?}"
         );
         assert_eq!(first[4], "guardian cuInit(flags=0) = CUDA_SUCCESS");
