@@ -156,8 +156,6 @@ pub struct World {
     config: WorldConfig,
     /// The world's host pid namespace, read from the state once.
     host_ns: std::sync::OnceLock<Option<u64>>,
-    /// The state as last parsed, with the bytes it was parsed from (`World::read_state`).
-    state_cache: Mutex<Option<(Vec<u8>, state::StateFile)>>,
 }
 
 impl World {
@@ -170,7 +168,6 @@ impl World {
             dir: dir.to_path_buf(),
             config,
             host_ns: std::sync::OnceLock::new(),
-            state_cache: Mutex::new(None),
         })
     }
 

@@ -304,25 +304,36 @@ impl StateFile {
 
 impl World {
     /// The state file as it is now: read whole every time, but parsed again only when its
-    /// bytes differ from those this world last parsed (else a copy of what it parsed then).
-    /// Every CUDA call of a workload reads the state, and parsing it is what costs: with 64
-    /// processes, 64 workloads checking their memory every 50 ms parsed its 30 KB over a
-    /// thousand times a second, which took most of a 2-core machine.
+    /// bytes differ from those this thread last parsed for this path (else a copy of what it
+    /// parsed then). Every CUDA call of a workload reads the state, and parsing it is what
+    /// costs: with 64 processes, 64 workloads checking their memory every 50 ms parsed its 30 KB
+    /// over a thousand times a second, which took most of a 2-core machine.
+    ///
+    /// The cache is the calling thread's own: a workload's threads are frozen by CRIU at any
+    /// point, and one frozen while holding a cache shared by the process (or in `malloc` while
+    /// another thread frees what it allocated) would block the restore thread, which must serve
+    /// the driver's requests while its task is frozen (`restore_thread_stress` caught exactly
+    /// that with a process-wide cache).
     fn load_state(&self) -> Result<StateFile, WorldError> {
+        thread_local! {
+            static CACHE: std::cell::RefCell<Option<(std::path::PathBuf, Vec<u8>, StateFile)>> =
+                const { std::cell::RefCell::new(None) };
+        }
         let path = self.state_path();
         let bytes = std::fs::read(&path).map_err(|e| WorldError::io(&path, e))?;
-        let mut cache = self.state_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((seen, st)) = cache.as_ref() {
-            if *seen == bytes {
-                return Ok(st.clone());
-            }
+        let hit = CACHE.with_borrow(|c| match c {
+            Some((p, seen, st)) if *p == path && *seen == bytes => Some(st.clone()),
+            _ => None,
+        });
+        if let Some(st) = hit {
+            return Ok(st);
         }
         let text = String::from_utf8(bytes).map_err(|e| WorldError::State {
             path: path.display().to_string(),
             reason: format!("not UTF-8 ({e})"),
         })?;
         let st = StateFile::parse(&text, &path)?;
-        *cache = Some((text.into_bytes(), st.clone()));
+        CACHE.set(Some((path, text.into_bytes(), st.clone())));
         Ok(st)
     }
 
