@@ -118,7 +118,7 @@ impl Backend for TimedBackend {
     fn executions(&self) -> Option<usize> {
         self.inner.executions()
     }
-    fn settle(&mut self, limit: Duration) -> bool {
+    fn settle(&mut self, limit: Duration) -> crate::backend::Settled {
         self.timed(|b| b.settle(limit))
     }
 }

@@ -507,12 +507,12 @@ impl Backend for DriverApi {
         self.custom.as_mut().map_or(0, |c| c.discard(keep))
     }
 
-    fn settle(&mut self, limit: Duration) -> bool {
+    fn settle(&mut self, limit: Duration) -> super::Settled {
         let limit = match self.abandoned.get() {
             // None of this backend's calls was abandoned, and none of the plugin's others (a
             // GPU enumeration, an NVML query) is blocked where the calls run: nothing to wait
             // for.
-            None if self.exec.blocked().is_none() => return true,
+            None if self.exec.blocked().is_none() => return super::Settled::Nothing,
             // Another call of the plugin's was abandoned (the GPU enumeration at the first
             // checkpoint, say): wait for it like for our own, or where the calls run on a
             // worker in CRIU the rollback would be refused as busy.
@@ -520,7 +520,11 @@ impl Backend for DriverApi {
             Some(Op::Lock) => limit.min(super::LOCK_ABANDON_GRACE),
             Some(_) => limit,
         };
-        self.exec.settle(limit)
+        if self.exec.settle(limit) {
+            super::Settled::Returned
+        } else {
+            super::Settled::StillBlocked
+        }
     }
 
     fn get_restore_tid(&mut self, pid: Pid) -> Result<Option<Tid>, BackendError> {
@@ -970,14 +974,23 @@ pub(crate) mod tests {
             },
             Some(Duration::from_millis(20)),
         );
-        assert!(b.settle(Duration::ZERO), "nothing outstanding");
+        assert_eq!(
+            b.settle(Duration::ZERO),
+            super::super::Settled::Nothing,
+            "nothing outstanding"
+        );
         b.get_restore_tid(1).unwrap_err();
-        assert!(
-            !b.settle(Duration::from_millis(10)),
+        assert_eq!(
+            b.settle(Duration::from_millis(10)),
+            super::super::Settled::StillBlocked,
             "still blocked after a short wait"
         );
         let t = std::time::Instant::now();
-        assert!(b.settle(Duration::from_secs(5)), "returns once it is done");
+        assert_eq!(
+            b.settle(Duration::from_secs(5)),
+            super::super::Settled::Returned,
+            "returns once it is done"
+        );
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         b.unlock(2).expect("usable after settling");
     }
@@ -993,7 +1006,11 @@ pub(crate) mod tests {
         );
         b.get_restore_tid(1).unwrap_err();
         assert!(matches!(b.unlock(2), Err(BackendError::Busy { .. })));
-        assert!(!b.settle(Duration::from_millis(10)), "gave up waiting");
+        assert_eq!(
+            b.settle(Duration::from_millis(10)),
+            super::super::Settled::StillBlocked,
+            "gave up waiting"
+        );
         assert!(!b.has_outstanding_call());
         b.unlock(2)
             .expect("no longer refused because of the abandoned call");

@@ -517,12 +517,23 @@ pub trait Backend: Send {
     /// the rollback waits here first: without this, a task locked before the one whose lock timed
     /// out could not be unlocked, and a late lock would go unnoticed. When the call is still
     /// blocked after `limit`, the backend stops waiting for it (later calls are no longer refused
-    /// because of it) and returns false. Backends that never abandon a call (the CLI kills and
+    /// because of it) and returns [`Settled::StillBlocked`]. Backends that never abandon a call (the CLI kills and
     /// reaps its child) have nothing to wait for.
-    fn settle(&mut self, limit: Duration) -> bool {
+    fn settle(&mut self, limit: Duration) -> Settled {
         let _ = limit;
-        true
+        Settled::Nothing
     }
+}
+
+/// What [`Backend::settle`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// No call was outstanding: nothing was waited for.
+    Nothing,
+    /// An abandoned call returned within the limit.
+    Returned,
+    /// A call was still blocked after the limit; the backend stopped waiting for it.
+    StillBlocked,
 }
 
 #[cfg(test)]

@@ -260,17 +260,17 @@ impl Backend for FakeBackend {
             transition(t, CUprocessState::LOCKED, CUprocessState::RUNNING)
         })
     }
-    fn settle(&mut self, limit: Duration) -> bool {
+    fn settle(&mut self, limit: Duration) -> crate::backend::Settled {
         let mut w = self.0.lock().unwrap();
         w.calls.push(format!("Settle {}ms", limit.as_millis()));
         match w.abandoned {
             // Never returns: the backend stops waiting for it.
             Some((_, _, true)) => {
                 w.abandoned = None;
-                return false;
+                return crate::backend::Settled::StillBlocked;
             }
             Some(_) => w.calls.push("Returned".into()),
-            None => {}
+            None => return crate::backend::Settled::Nothing,
         }
         // The abandoned call returns now, and takes effect after all.
         if let Some((op, pid, _)) = w.abandoned.take() {
@@ -284,7 +284,7 @@ impl Backend for FakeBackend {
                 _ => Ok(()),
             };
         }
-        true
+        crate::backend::Settled::Returned
     }
 }
 
