@@ -231,7 +231,7 @@ fn check_c_plugin(version: &str, so: &Path) -> Result<(), Failed> {
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
-    let require = |var: &str| std::env::var(var).is_ok_and(|v| v == "1");
+    let require = criu_cuda_env::is_on;
     let mut trials = Vec::new();
     for profile in ["4.1", "4.2"] {
         let name = format!(

@@ -129,10 +129,11 @@ pub fn criu_wrapper(series: &str) -> String {
     format!("CRIU_CUDA_CRIU_{}", series.replace('.', "_"))
 }
 
-/// Whether `name` is set to `1` (the flags above).
+/// Whether `name` is set to exactly `1` (the flags above, as the tests, the harness and the
+/// benchmarks read them; the plugin reads its own in `plugin/src/env.rs`).
 #[must_use]
 pub fn is_on(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v.trim() == "1")
+    std::env::var(name).is_ok_and(|v| v == "1")
 }
 
 #[cfg(test)]

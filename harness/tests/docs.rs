@@ -1816,7 +1816,7 @@ fn check_fetched_criu(run: &BlockRun<'_>) -> R<String> {
 
 /// A skip, or a failure when the environment variable `require` is `1`.
 fn skip_unless(name: &str, reason: String, require: &str) -> Result<Completion, Failed> {
-    if std::env::var(require).is_ok_and(|v| v == "1") {
+    if criu_cuda_env::is_on(require) {
         return Err(format!("{reason}, and {require}=1").into());
     }
     println!("SKIP {name}: {reason}");

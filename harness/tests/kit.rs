@@ -135,7 +135,7 @@ fn junit_names_the_failing_step(so: &Path) -> Result<(), Failed> {
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     runner::become_subreaper();
-    let require = |var: &str| std::env::var(var).is_ok_and(|v| v == "1");
+    let require = criu_cuda_env::is_on;
     let c41 = harness::conformance::c_plugins(&workspace())
         .into_iter()
         .find(|(v, p)| v.starts_with("4.1.") && p.exists())

@@ -87,7 +87,7 @@ fn main() -> ExitCode {
     let args = Arguments::from_args();
     // CI runs the corpus once, in the main job (`harness run scenarios/`, which checks the same
     // snapshots and fails on a missing one): `.ci/run` sets this for `scripts/test.sh`.
-    if std::env::var(criu_cuda_env::CORPUS_IN_MAIN_JOB).is_ok_and(|v| v == "1") {
+    if criu_cuda_env::is_on(criu_cuda_env::CORPUS_IN_MAIN_JOB) {
         eprintln!(
             "scenarios: CRIU_CUDA_CORPUS_IN_MAIN_JOB=1: the corpus runs in the main job \
              (scripts/main-job.sh), not here"
@@ -103,7 +103,7 @@ fn main() -> ExitCode {
     }
     runner::become_subreaper();
     let run = RunOptions {
-        require_criu: std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1"),
+        require_criu: criu_cuda_env::is_on(criu_cuda_env::REQUIRE_CRIU),
     };
     let opts = CorpusOptions {
         jobs: 1,

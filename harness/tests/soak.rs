@@ -23,7 +23,7 @@ fn env_u64(name: &str) -> Option<u64> {
 fn chaos_soak_keeps_every_invariant() -> Result<(), Failed> {
     let art = Artifacts::for_tests(Path::new(HARNESS))?;
     runner::become_subreaper();
-    let full = std::env::var(criu_cuda_env::FULL).is_ok_and(|v| v == "1");
+    let full = criu_cuda_env::is_on(criu_cuda_env::FULL);
     let seed = env_u64(criu_cuda_env::SOAK_SEED).unwrap_or(1205);
     let runs = env_u64(criu_cuda_env::SOAK_RUNS).unwrap_or(if full { 500 } else { 50 });
     let numbers: Vec<u64> = (0..runs).collect();

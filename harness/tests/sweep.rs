@@ -25,7 +25,7 @@ const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 fn fault_sweep_keeps_every_invariant() -> Result<(), Failed> {
     let art = Artifacts::for_tests(Path::new(HARNESS))?;
     runner::become_subreaper();
-    let full = std::env::var(criu_cuda_env::FULL).is_ok_and(|v| v == "1");
+    let full = criu_cuda_env::is_on(criu_cuda_env::FULL);
     let cases = sweep::cases(full);
     if cases.len() < 200 {
         return Err(format!("only {} combinations", cases.len()).into());

@@ -57,7 +57,7 @@ fn no_namespaces() -> Option<String> {
 /// `CRIU_CUDA_REQUIRE_NAMESPACES=1`).
 fn with_namespaces(body: fn() -> R) -> R<Completion> {
     if let Some(why) = no_namespaces() {
-        if std::env::var(criu_cuda_env::REQUIRE_NAMESPACES).is_ok_and(|v| v == "1") {
+        if criu_cuda_env::is_on(criu_cuda_env::REQUIRE_NAMESPACES) {
             return Err(format!("{why}, and CRIU_CUDA_REQUIRE_NAMESPACES=1").into());
         }
         return Ok(Completion::ignored_with(why));

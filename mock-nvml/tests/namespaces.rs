@@ -147,7 +147,7 @@ fn processes_in_pid_namespaces_are_listed_by_host_pid() -> Result<Completion, Fa
         Ok(_) => None,
     };
     if let Some(why) = refused {
-        if std::env::var(criu_cuda_env::REQUIRE_NAMESPACES).is_ok_and(|v| v == "1") {
+        if criu_cuda_env::is_on(criu_cuda_env::REQUIRE_NAMESPACES) {
             return Err(format!("{why}, and CRIU_CUDA_REQUIRE_NAMESPACES=1").into());
         }
         return Ok(Completion::ignored_with(why));

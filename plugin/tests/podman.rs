@@ -831,7 +831,7 @@ fn run_case(
     let r = body(&mut c);
     let down = c.teardown();
     let r = r.and_then(|s| down.map(|()| s));
-    c.keep = r.is_err() || std::env::var(criu_cuda_env::PODMAN_KEEP).is_ok_and(|v| v == "1");
+    c.keep = r.is_err() || criu_cuda_env::is_on(criu_cuda_env::PODMAN_KEEP);
     let r = r.map(|s| {
         println!(
             "    CRIU {} {backend}: {s}; case {:.1} s",
@@ -890,9 +890,8 @@ fn main() {
     // mount namespace this thread enters, and the machine has few cores.
     args.test_threads = Some(1);
     let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    let require_podman =
-        in_ci || std::env::var(criu_cuda_env::REQUIRE_PODMAN).is_ok_and(|v| v == "1");
-    let require_criu = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
+    let require_podman = in_ci || criu_cuda_env::is_on(criu_cuda_env::REQUIRE_PODMAN);
+    let require_criu = criu_cuda_env::is_on(criu_cuda_env::REQUIRE_CRIU);
     let criu = find_criu().into_iter().find(|c| c.series == "4.2");
     let podman = find_podman().map(|p| program_version(&p).map(|v| (p, v)));
     let node = SharedNode::default();

@@ -840,8 +840,7 @@ fn run_case(
             let r = body(&mut c).and_then(|()| c.teardown());
             // A driver request that gave up on a restore thread says what that thread did.
             let r = r.map_err(|e| e + &world_timeouts(&c.world));
-            c.keep =
-                r.is_err() || std::env::var(criu_cuda_env::REAL_CRIU_KEEP).is_ok_and(|v| v == "1");
+            c.keep = r.is_err() || criu_cuda_env::is_on(criu_cuda_env::REAL_CRIU_KEEP);
             (r, c.dumps.clone(), c.restores.clone())
         }
         Err(e) => (Err(e), Vec::new(), Vec::new()),
@@ -961,7 +960,7 @@ fn main() {
     let mut args = Arguments::from_args();
     // One at a time: a restore needs its old pids free, and the cases measure times.
     args.test_threads = Some(1);
-    let require = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
+    let require = criu_cuda_env::is_on(criu_cuda_env::REQUIRE_CRIU);
     let criu = find_criu();
     let trials = if !is_root() {
         skipped("not root (CRIU needs root to dump and restore)".into())

@@ -783,7 +783,7 @@ fn run_case(
     let r = body(&mut c);
     let down = c.teardown();
     let r = r.and_then(|s| down.map(|()| s));
-    c.keep = r.is_err() || std::env::var(criu_cuda_env::RUNC_KEEP).is_ok_and(|v| v == "1");
+    c.keep = r.is_err() || criu_cuda_env::is_on(criu_cuda_env::RUNC_KEEP);
     let r = r.map(|s| {
         println!(
             "    CRIU {} {backend}: {s}; case {:.1} s",
@@ -852,8 +852,8 @@ fn main() {
     // One at a time: the cases measure times, and the machine has few cores.
     args.test_threads = Some(1);
     let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    let require_runc = in_ci || std::env::var(criu_cuda_env::REQUIRE_RUNC).is_ok_and(|v| v == "1");
-    let require_criu = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
+    let require_runc = in_ci || criu_cuda_env::is_on(criu_cuda_env::REQUIRE_RUNC);
+    let require_criu = criu_cuda_env::is_on(criu_cuda_env::REQUIRE_CRIU);
     let criu = find_criu();
     let runc = find_runc();
     let trials = if !is_root() {

@@ -82,7 +82,7 @@ const FAKE_WORKLOAD: Workload = Workload {
 
 fn main() {
     let args = libtest_mimic::Arguments::from_args();
-    let require = std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1");
+    let require = criu_cuda_env::is_on(criu_cuda_env::REQUIRE_CRIU);
     let missing = if nix::unistd::geteuid().is_root() {
         criu().err()
     } else {

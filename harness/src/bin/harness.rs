@@ -188,7 +188,7 @@ fn run_scenarios(args: &[OsString]) -> Result<ExitCode> {
     let opts = runner::CorpusOptions {
         jobs,
         run: runner::RunOptions {
-            require_criu: std::env::var(criu_cuda_env::REQUIRE_CRIU).is_ok_and(|v| v == "1"),
+            require_criu: criu_cuda_env::is_on(criu_cuda_env::REQUIRE_CRIU),
         },
         plugin: put,
         print_rows: true,

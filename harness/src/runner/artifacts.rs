@@ -234,7 +234,7 @@ fn build(profile: &Path, workspace: &Path) -> Result<(), String> {
 /// version matches.
 #[must_use]
 pub fn find_criu(profile: &str, workspace: &Path) -> Option<PathBuf> {
-    let var = format!("CRIU_CUDA_CRIU_{}", profile.replace('.', "_"));
+    let var = criu_cuda_env::criu_wrapper(profile);
     if let Some(p) = std::env::var_os(&var).map(PathBuf::from) {
         if p.exists() {
             return Some(p);
