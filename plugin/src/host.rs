@@ -1,95 +1,12 @@
 //! What the plugin needs from CRIU, as one trait for `init` and the lifecycle engine alike
 //! ([`Criu`]: logging, the image inventory, the image files, the freeze alarm), and [`Host`],
 //! CRIU's services together with the machine's ([`crate::machine::Machine`]: GPUs, memory, the
-//! process tree). The real implementation ([`crate::ffi::criu::CriuHost`]) calls CRIU's
+//! process tree). The real implementation ([`crate::session::criu_host::CriuHost`]) calls CRIU's
 //! services found with `dlsym`; tests use recording fakes.
 
-use crate::backend::Pid;
-use std::fmt;
-
-/// A log level (CRIU's `print_on_level` levels).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// CRIU records the first ERROR line as the operation's error; keep it for real failures.
-    Error,
-    Warn,
-    Info,
-    Debug,
-}
-
-impl Level {
-    /// The numeric level `print_on_level` takes.
-    #[must_use]
-    pub const fn criu(self) -> u32 {
-        use abi::criu::log_level;
-        match self {
-            Level::Error => log_level::ERROR,
-            Level::Warn => log_level::WARN,
-            Level::Info => log_level::INFO,
-            Level::Debug => log_level::DEBUG,
-        }
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Level::Error => "error",
-            Level::Warn => "warn",
-            Level::Info => "info",
-            Level::Debug => "debug",
-        })
-    }
-}
-
-/// What the inventory says about `cuda_plugin` at restore.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InventoryAnswer {
-    NotListed,
-    /// Listed; `consumed` when the only available query also removed the entry (CRIU 4.1's
-    /// destructive `check_and_remove_inventory_plugin`).
-    Listed {
-        consumed: bool,
-    },
-    /// The host has no inventory service; assume listed.
-    Unknown(String),
-}
-
-/// A failed host service.
-#[derive(Debug, thiserror::Error)]
-pub enum HostError {
-    #[error("CRIU does not export {0}")]
-    Missing(&'static str),
-    #[error("{service} failed")]
-    Failed { service: &'static str },
-    #[error("{service}(\"cuda_plugin\") found no entry")]
-    NoEntry { service: &'static str },
-    #[error("{what} {name}: {source}")]
-    Io {
-        what: &'static str,
-        name: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("image {name} is {kind}, not a regular file")]
-    NotRegular { name: String, kind: &'static str },
-    #[error("image {name} is larger than the {limit} bytes such an image can hold")]
-    TooLarge { name: String, limit: usize },
-}
-
-/// CRIU's freeze alarm (`alarm(--timeout)` around seizing the tree and PAUSE_DEVICES; when it
-/// fires CRIU interrupts what it waits for, and five seconds later aborts without a rollback).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FreezeAlarm {
-    /// The host exports no `alarm_timeouted`: nothing is known.
-    Unknown,
-    /// No alarm is pending.
-    Disarmed,
-    /// It fires in `left`.
-    Armed { left: std::time::Duration },
-    /// It has fired (`alarm_timeouted()`).
-    Expired,
-}
+pub use crate::ffi::criu::{FreezeAlarm, HostError, InventoryAnswer};
+pub use crate::ffi::log::Level;
+use crate::task::Pid;
 
 /// CRIU's services, as `init` and the engine use them.
 pub trait Criu: Send {

@@ -45,7 +45,7 @@
 //! against them, sizes its deadline by them and reports the restore's time next to the
 //! checkpoint's. Readers ignore keys they do not know, so older plugins read these images.
 
-use crate::backend::{Pid, Tid};
+use crate::task::{Pid, Tid};
 use abi::CUprocessState;
 
 /// First line of the file; the trailing number is the format version.

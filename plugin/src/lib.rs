@@ -33,6 +33,7 @@
 //! | [`cstore`] | Custom storage: the GPU-memory image files and the copies between them and the GPUs. |
 //! | [`config`] | The plugin's options file, `cuda_plugin.conf`: where it is looked for, its format. |
 //! | [`trust`] | Which options files and programs the plugin trusts (sshd's `StrictModes` rule). |
+//! | [`task`] | The ids CRIU hands the hooks ([`task::Pid`], [`task::Tid`]). |
 //!
 //! # Entry points and return values
 //!
@@ -68,6 +69,7 @@ pub mod nvml;
 pub mod options;
 pub mod select;
 pub mod session;
+pub mod task;
 pub mod thread;
 pub mod timing;
 pub mod trust;

@@ -2,14 +2,14 @@
 //! NVML's view of their memory), its available memory and its process tree. CRIU's own services
 //! are [`crate::host::Criu`]; the engine and `init` take both as one [`crate::host::Host`].
 //!
-//! The real implementation ([`crate::ffi::criu::CriuHost`]) runs the GPU calls in the plugin's
+//! The real implementation ([`crate::session::criu_host::CriuHost`]) runs the GPU calls in the plugin's
 //! helper process when one runs ([`crate::agent::Access`]), else on the session's worker, each
 //! within a limit; tests use recording fakes.
 
 use crate::backend::driver::LoadError;
-use crate::backend::Pid;
 use crate::inventory::GpuInfo;
 use crate::nvml::{NvmlError, Snapshot};
+use crate::task::Pid;
 use crate::worker::CallError;
 use abi::CUresult;
 use std::time::Duration;
@@ -32,6 +32,33 @@ pub enum GpuError {
     /// The helper process answered the enumeration with something else.
     #[error("the GPU enumeration: the helper answered {0}")]
     Protocol(String),
+}
+
+impl From<crate::ffi::cuda::EnumError> for GpuError {
+    fn from(e: crate::ffi::cuda::EnumError) -> Self {
+        use crate::ffi::cuda::EnumError;
+        match e {
+            EnumError::Load(e) => GpuError::Load(e),
+            EnumError::Driver { call, code } => GpuError::Driver { call, code },
+        }
+    }
+}
+
+/// [`crate::ffi::cuda::enumerate_gpus`] on `worker`, given up after `limit` (`cuInit` or an
+/// enumeration call that hangs in a broken driver must not hang CRIU; see [`crate::worker`] for
+/// what happens to a call given up on).
+pub fn enumerate_gpus_within(
+    worker: &crate::worker::Worker,
+    limit: Option<Duration>,
+) -> Result<Vec<GpuInfo>, GpuError> {
+    worker
+        .call(
+            "cuInit/GPU enumeration",
+            limit,
+            crate::ffi::cuda::enumerate_gpus,
+        )
+        .map_err(GpuError::Call)?
+        .map_err(GpuError::from)
 }
 
 /// The machine's resources, as `init` and the engine use them.

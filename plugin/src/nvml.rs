@@ -26,7 +26,7 @@
 //! three are skipped with a warning, and a copy's size is taken to be all the memory of all GPUs
 //! (a bound, not an estimate).
 
-use crate::backend::Pid;
+use crate::task::Pid;
 use abi::nvml::NvmlReturn;
 use abi::GpuUuid;
 use std::collections::BTreeMap;

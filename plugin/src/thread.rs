@@ -37,7 +37,7 @@
 //! a failed PAUSE_DEVICES) is left alone: it is running anyway. The real implementation is
 //! [`crate::ffi::ptrace::Ptrace`].
 
-use crate::backend::{Pid, Tid};
+use crate::task::{Pid, Tid};
 
 /// Proof that [`ThreadControl::resume`] ran; hand it back to [`ThreadControl::restop`].
 #[derive(Debug, PartialEq, Eq)]

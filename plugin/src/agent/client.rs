@@ -4,8 +4,8 @@
 use super::error::{AgentError, Gone};
 use super::proto::{self, Call, FinishMode, FromAgent, Reply, ToAgent};
 use crate::backend::driver::{DriverCall, DriverExec, DriverReply};
-use crate::backend::Pid;
 use crate::ffi::agent::{poll, Channel};
+use crate::task::Pid;
 use crate::worker::CallError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;

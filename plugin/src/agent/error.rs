@@ -4,8 +4,8 @@
 //! use their `Display`.
 
 use super::proto::{DecodeError, Reply};
-use crate::backend::Pid;
 use crate::message::Span;
+use crate::task::Pid;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;

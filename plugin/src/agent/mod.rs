@@ -148,7 +148,7 @@ impl Access {
     ) -> Result<Vec<crate::inventory::GpuInfo>, crate::machine::GpuError> {
         use crate::machine::GpuError;
         let Some(link) = &self.link else {
-            return crate::ffi::cuda::enumerate_gpus_within(&self.worker, limit);
+            return crate::machine::enumerate_gpus_within(&self.worker, limit);
         };
         match link.call("cuInit/GPU enumeration", proto::Call::Gpus, limit) {
             Ok(proto::Reply::Gpus(r)) => r

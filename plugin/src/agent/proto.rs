@@ -26,9 +26,9 @@
 //! panics on any input (the tests feed it arbitrary and mutated bytes).
 
 use crate::backend::driver::{DriverCall, DriverReply};
-use crate::backend::Pid;
 use crate::inventory::GpuInfo;
 use crate::nvml::{GpuMemory, Snapshot};
+use crate::task::Pid;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -5,8 +5,8 @@ use super::calls::{lock, wait_late_calls, Driver, InFlight};
 use super::guardian::{self, Ledger};
 use super::proto::{self, Call, FinishMode, FromAgent, ProbeReply, Reply, ToAgent, WireGpu};
 use crate::backend::driver::{probe_driver, CudaDriver, DriverCall, DriverProbe, DriverReply};
-use crate::backend::Pid;
 use crate::ffi::agent::{poll, Channel};
+use crate::task::Pid;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -452,7 +452,7 @@ fn run(driver: &Driver, call: Call) -> Reply {
         Call::Gpus => Reply::Gpus(
             crate::ffi::cuda::enumerate_gpus()
                 .map(|g| g.iter().map(WireGpu::from).collect())
-                .map_err(|e| e.to_string()),
+                .map_err(|e| crate::machine::GpuError::from(e).to_string()),
         ),
         Call::Nvml => Reply::Nvml(
             crate::ffi::nvml::snapshot()

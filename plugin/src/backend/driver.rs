@@ -31,39 +31,7 @@ use std::time::Duration;
 /// carry GPU pairs.
 pub const MIN_DRIVER_VERSION: i32 = GPU_PAIRS_MIN_DRIVER_VERSION;
 
-/// The driver entry points this backend needs, as safe calls returning the raw code.
-pub trait CudaDriver: Send + Sync + 'static {
-    /// `cuDriverGetVersion`.
-    fn driver_version(&self) -> Result<i32, CUresult>;
-    /// `cuInit(0)`.
-    fn init(&self) -> CUresult;
-    /// `cuCheckpointProcessGetRestoreThreadId`.
-    fn restore_tid(&self, pid: Pid) -> Result<i32, CUresult>;
-    /// `cuCheckpointProcessGetState`.
-    fn state(&self, pid: Pid) -> Result<CUprocessState, CUresult>;
-    /// `cuCheckpointProcessLock` with `timeoutMs` (0 = none).
-    fn lock(&self, pid: Pid, timeout_ms: u32) -> CUresult;
-    /// `cuCheckpointProcessCheckpoint` with zeroed arguments.
-    fn checkpoint(&self, pid: Pid) -> CUresult;
-    /// `cuCheckpointProcessRestore`, with `pairs` when non-empty.
-    fn restore(&self, pid: Pid, pairs: &[CUcheckpointGpuPair]) -> CUresult;
-    /// `cuCheckpointProcessUnlock` with zeroed arguments.
-    fn unlock(&self, pid: Pid) -> CUresult;
-    /// Whether the driver has custom storage (CUDA 13.4: `cuGetProcAddress` finds
-    /// `cuCheckpointOperationComplete` at 13040). Makes no call that starts driver threads.
-    fn custom_storage(&self) -> bool {
-        false
-    }
-}
-
-/// Why the driver library could not be used at all.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LoadError {
-    #[error("cannot load libcuda.so.1: {0}")]
-    LibraryAbsent(String),
-    #[error("libcuda.so.1 lacks {0}")]
-    SymbolMissing(&'static str),
-}
+pub use crate::ffi::cuda::{CudaDriver, LoadError};
 
 /// Where a usable driver's calls run.
 #[derive(Clone)]

@@ -23,10 +23,7 @@ use abi::{CUprocessState, CUresult, GpuUuid};
 use std::fmt;
 use std::time::Duration;
 
-/// A process id as CRIU passes it to the hooks (`pid->real`).
-pub type Pid = i32;
-/// A thread id (the CUDA restore thread).
-pub type Tid = i32;
+pub use crate::task::{Pid, Tid};
 
 /// A GPU remapping for restore: (GPU at dump time, GPU to restore onto).
 pub type GpuPair = (GpuUuid, GpuUuid);

@@ -19,8 +19,6 @@
 //! | `fi_strategy` | `int` | 4.0 |
 //! | `cr_plugin_ctl` | list heads; ELF size = 16 × (hook count + 1) | 4.0 |
 
-use crate::backend::Pid;
-use crate::host::{Criu, FreezeAlarm, HostError, InventoryAnswer, Level};
 use crate::PLUGIN_NAME;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::fs::File;
@@ -42,6 +40,55 @@ type AlarmTimeoutedFn = unsafe extern "C" fn() -> bool;
 use abi::criu::opts::{FINAL_STATE as OPTS_FINAL_STATE, TIMEOUT as OPTS_TIMEOUT};
 use abi::criu::streamer::{O_DUMP as STREAMER_O_DUMP, O_RSTR as STREAMER_O_RSTR};
 use abi::criu::RTLD_DL_SYMENT;
+
+/// What the inventory says about `cuda_plugin` at restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InventoryAnswer {
+    NotListed,
+    /// Listed; `consumed` when the only available query also removed the entry (CRIU 4.1's
+    /// destructive `check_and_remove_inventory_plugin`).
+    Listed {
+        consumed: bool,
+    },
+    /// The host has no inventory service; assume listed.
+    Unknown(String),
+}
+
+/// A failed host service.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("CRIU does not export {0}")]
+    Missing(&'static str),
+    #[error("{service} failed")]
+    Failed { service: &'static str },
+    #[error("{service}(\"cuda_plugin\") found no entry")]
+    NoEntry { service: &'static str },
+    #[error("{what} {name}: {source}")]
+    Io {
+        what: &'static str,
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("image {name} is {kind}, not a regular file")]
+    NotRegular { name: String, kind: &'static str },
+    #[error("image {name} is larger than the {limit} bytes such an image can hold")]
+    TooLarge { name: String, limit: usize },
+}
+
+/// CRIU's freeze alarm (`alarm(--timeout)` around seizing the tree and PAUSE_DEVICES; when it
+/// fires CRIU interrupts what it waits for, and five seconds later aborts without a rollback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreezeAlarm {
+    /// The host exports no `alarm_timeouted`: nothing is known.
+    Unknown,
+    /// No alarm is pending.
+    Disarmed,
+    /// It fires in `left`.
+    Armed { left: std::time::Duration },
+    /// It has fired (`alarm_timeouted()`).
+    Expired,
+}
 
 /// The address of CRIU's global `name`, or `None`.
 fn lookup(name: &CStr) -> Option<NonNull<c_void>> {
@@ -128,24 +175,18 @@ pub fn fault_strategy() -> Option<i32> {
     read_u32(c"fi_strategy", 0).map(|v| v as i32)
 }
 
-/// `criu_plugin_get_options`: copies of the strings after `argv[0]`, or `None` when the host
-/// lacks the service (or it fails). CRIU's array is only read.
-#[must_use]
-pub fn plugin_options() -> Option<Vec<String>> {
-    let get = criu_fn!(c"criu_plugin_get_options", GetOptionsFn)?;
+/// `criu_plugin_get_options`: copies of the strings after `argv[0]`; `Ok(None)` when the host
+/// lacks the service, `Err(code)` when it fails. CRIU's array is only read.
+pub fn plugin_options() -> Result<Option<Vec<String>>, c_int> {
+    let Some(get) = criu_fn!(c"criu_plugin_get_options", GetOptionsFn) else {
+        return Ok(None);
+    };
     let mut argc: c_int = 0;
     let mut argv: *mut *mut c_char = std::ptr::null_mut();
     // SAFETY: both out-pointers are valid; CRIU fills them with its own array, which it owns.
     let r = unsafe { get(&mut argc, &mut argv) };
     if r != 0 || argv.is_null() {
-        super::log::log(
-            abi::criu::log_level::WARN,
-            &format!(
-                "criu_plugin_get_options failed ({r}); using {}",
-                crate::env::OPTIONS
-            ),
-        );
-        return None;
+        return Err(r);
     }
     let argc = usize::try_from(argc).unwrap_or(0);
     let mut out = Vec::with_capacity(argc.saturating_sub(1));
@@ -159,7 +200,7 @@ pub fn plugin_options() -> Option<Vec<String>> {
         // SAFETY: as above, `p` is a valid NUL-terminated string owned by CRIU.
         out.push(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
     }
-    Some(out)
+    Ok(Some(out))
 }
 
 /// `set_compel_interrupt_only_mode()`: makes CRIU stop tasks with PTRACE_INTERRUPT instead of
@@ -185,6 +226,21 @@ fn name_c() -> CString {
 /// destructive two-argument `check_and_remove_inventory_plugin` is called with `strlen + 1`
 /// bytes, so the comparison includes the terminating NUL and `cuda_plugin_v2` does not match.
 #[must_use]
+/// `add_inventory_plugin("cuda_plugin")`: lists the plugin in the dump's inventory.
+pub fn add_inventory_plugin() -> Result<(), HostError> {
+    let add = criu_fn!(c"add_inventory_plugin", AddInventoryFn)
+        .ok_or(HostError::Missing("add_inventory_plugin"))?;
+    let name = name_c();
+    // SAFETY: CRIU's `int (const char *)`; it copies the NUL-terminated name.
+    if unsafe { add(name.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(HostError::Failed {
+            service: "add_inventory_plugin",
+        })
+    }
+}
+
 pub fn inventory_query() -> InventoryAnswer {
     let name = name_c();
     if let Some(has) = criu_fn!(c"has_inventory_plugin", HasInventoryFn) {
@@ -465,85 +521,9 @@ pub fn freeze_alarm() -> FreezeAlarm {
     }
 }
 
-/// Whether the plugin's helper process may run, and whether it does.
-#[derive(Debug)]
-pub enum Helper {
-    /// `guardian=off`, or not decided yet.
-    Off,
-    /// Allowed, started on first need (the first driver call, or the end of `init`).
-    Allowed,
-    Running,
-    /// It could not start; driver calls run on threads in CRIU.
-    Failed,
-}
-
-/// The production [`crate::host::Host`], for `init` and then the engine: CRIU's services found
-/// with `dlsym` ([`Criu`], here), the machine's and the backend probes
-/// ([`crate::machine::Machine`] and [`crate::session::Probes`], in [`crate::session::run`]). Driver
-/// work (GPU enumeration, NVML) runs in the helper process when it runs, else on the session's
-/// worker ([`crate::agent::Access`]).
-#[derive(Debug)]
-pub struct CriuHost {
-    pub access: crate::agent::Access,
-    pub helper: Helper,
-}
-
-impl Criu for CriuHost {
-    fn log(&self, level: Level, msg: &str) {
-        super::log::log(level.criu(), msg);
-    }
-
-    fn add_inventory_entry(&mut self) -> Result<(), HostError> {
-        let add = criu_fn!(c"add_inventory_plugin", AddInventoryFn)
-            .ok_or(HostError::Missing("add_inventory_plugin"))?;
-        let name = name_c();
-        // SAFETY: CRIU's `int (const char *)`; it copies the NUL-terminated name.
-        if unsafe { add(name.as_ptr()) } == 0 {
-            Ok(())
-        } else {
-            Err(HostError::Failed {
-                service: "add_inventory_plugin",
-            })
-        }
-    }
-
-    fn inventory_query(&mut self) -> InventoryAnswer {
-        inventory_query()
-    }
-
-    fn inventory_consume(&mut self) -> Result<(), HostError> {
-        inventory_consume()
-    }
-
-    fn read_image(&mut self, name: &str, limit: usize) -> Result<Option<Vec<u8>>, HostError> {
-        read_image(name, limit)
-    }
-
-    fn open_image_file(&mut self, name: &str) -> Result<Option<File>, HostError> {
-        open_image_file(name)
-    }
-
-    fn write_task_image(&mut self, pid: Pid, data: &[u8]) -> Result<(), HostError> {
-        write_image(&crate::image::file_name(pid), data)
-    }
-
-    fn write_task_list(&mut self, data: &[u8]) -> Result<(), HostError> {
-        write_image(crate::image::LIST_FILE_NAME, data)
-    }
-
-    fn write_gpu_inventory(&mut self, data: &[u8]) -> Result<(), HostError> {
-        write_image(crate::inventory::FILE_NAME, data)
-    }
-
-    fn freeze_alarm(&self) -> FreezeAlarm {
-        freeze_alarm()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::Worker;
 
     #[test]
     fn outside_criu_every_service_is_absent_and_degrades() {
@@ -551,19 +531,12 @@ mod tests {
         assert_eq!(opts_timeout(), None);
         assert_eq!(opts_final_state(), None);
         assert_eq!(fault_strategy(), None);
-        assert_eq!(plugin_options(), None);
+        assert_eq!(plugin_options(), Ok(None));
         assert!(!set_interrupt_only_mode());
         assert!(matches!(inventory_query(), InventoryAnswer::Unknown(_)));
         assert!(inventory_consume().is_err());
-        let mut host = CriuHost {
-            access: crate::agent::Access {
-                worker: Worker::new(std::sync::Arc::new(|| {})),
-                link: None,
-            },
-            helper: Helper::Off,
-        };
         assert!(matches!(
-            host.add_inventory_entry(),
+            add_inventory_plugin(),
             Err(HostError::Missing("add_inventory_plugin"))
         ));
         assert!(matches!(

@@ -7,10 +7,9 @@
 //! Everything here runs in the copier, never in CRIU: `cuInit` and the retained primary
 //! contexts start driver threads in their caller.
 
-use super::cuda::LIBRARY;
-use crate::backend::driver::LoadError;
-use crate::backend::Pid;
-use abi::cuda::{CUdeviceptr, CUSTOM_STORAGE_MIN_DRIVER_VERSION};
+use super::cuda::{complete_entry, CompleteFn, LoadError, LIBRARY};
+use crate::task::Pid;
+use abi::cuda::CUdeviceptr;
 use abi::{
     CUcheckpointCheckpointArgs, CUcheckpointCustomStorageInfo, CUcheckpointGpuPair,
     CUcheckpointRestoreArgs, CUresult, CUstream, CUuuid, GpuUuid,
@@ -32,15 +31,6 @@ type StreamSyncFn = unsafe extern "C" fn(CUstream) -> CUresult;
 type PointerGetAttributeFn = unsafe extern "C" fn(*mut c_void, c_int, CUdeviceptr) -> CUresult;
 type CheckpointFn = unsafe extern "C" fn(c_int, *mut CUcheckpointCheckpointArgs) -> CUresult;
 type RestoreFn = unsafe extern "C" fn(c_int, *mut CUcheckpointRestoreArgs) -> CUresult;
-type CompleteFn = unsafe extern "C" fn(*mut c_void) -> CUresult;
-type GetProcAddressV2Fn = unsafe extern "C" fn(
-    *const std::ffi::c_char,
-    *mut *mut c_void,
-    c_int,
-    u64,
-    *mut c_int,
-) -> CUresult;
-type DriverGetVersionFn = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: the ordinal of the device a pointer belongs to.
 const POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
@@ -96,50 +86,6 @@ macro_rules! sym {
         let sym = unsafe { $lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
         *sym.map_err(|_| LoadError::SymbolMissing($name))?
     }};
-}
-
-/// `cuCheckpointOperationComplete` as real callers find it: `cuGetProcAddress_v2` asked for
-/// CUDA 13.4. `Ok(None)`: this driver has no custom storage (older than 13.4, or the symbol
-/// is not there).
-fn complete_entry(lib: &libloading::Library) -> Result<Option<CompleteFn>, LoadError> {
-    let version_fn = sym!(lib, "cuDriverGetVersion", DriverGetVersionFn);
-    let mut version: c_int = 0;
-    // SAFETY: `cuDriverGetVersion(int *)` writes one int through a valid pointer.
-    if !unsafe { version_fn(&mut version) }.is_success()
-        || version < CUSTOM_STORAGE_MIN_DRIVER_VERSION
-    {
-        return Ok(None);
-    }
-    let gpa = sym!(lib, "cuGetProcAddress_v2", GetProcAddressV2Fn);
-    let mut pfn: *mut c_void = std::ptr::null_mut();
-    let mut status: c_int = 0;
-    // SAFETY: a NUL-terminated name, and valid out-pointers for the function pointer and the
-    // query status; flags 0 is CU_GET_PROC_ADDRESS_DEFAULT.
-    let r = unsafe {
-        gpa(
-            c"cuCheckpointOperationComplete".as_ptr(),
-            &mut pfn,
-            CUSTOM_STORAGE_MIN_DRIVER_VERSION,
-            0,
-            &mut status,
-        )
-    };
-    if !r.is_success() || pfn.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: the driver returned the address of `cuCheckpointOperationComplete`, whose C
-    // signature is `CUresult (CUcheckpointOperationHandle)`; function and data pointers have
-    // the same size on every platform the plugin builds for.
-    Ok(Some(unsafe {
-        std::mem::transmute::<*mut c_void, CompleteFn>(pfn)
-    }))
-}
-
-/// Whether the driver has custom storage: loads the library and probes
-/// `cuCheckpointOperationComplete` with `cuGetProcAddress(…, 13040)`. Makes no call that
-/// starts driver threads (no `cuInit`).
-pub fn available() -> Result<bool, LoadError> {
-    Ok(complete_entry(library()?)?.is_some())
 }
 
 /// A pinned host buffer from `cuMemHostAlloc`, freed on drop.

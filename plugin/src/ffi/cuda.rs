@@ -4,17 +4,53 @@
 //! selects a mock driver in tests. Once loaded it is kept for the life of the process: the real
 //! driver starts threads and is not safe to unload, and an abandoned call may still be running
 //! inside it (see [`crate::backend::driver`]).
+//!
+//! [`CudaDriver`] is the checkpoint API as safe calls that return the driver's code; the
+//! backends, the helper process and the tests' fakes all speak it.
 
-use crate::backend::driver::{CudaDriver, LoadError};
-use crate::backend::Pid;
 use crate::inventory::GpuInfo;
-use crate::machine::GpuError;
+use crate::task::Pid;
+use abi::cuda::CUSTOM_STORAGE_MIN_DRIVER_VERSION;
 use abi::{
     CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
     CUcheckpointUnlockArgs, CUprocessState, CUresult, CUuuid, GpuUuid,
 };
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, OnceLock};
+
+/// The driver entry points the driver-API backend needs, as safe calls returning the raw code.
+pub trait CudaDriver: Send + Sync + 'static {
+    /// `cuDriverGetVersion`.
+    fn driver_version(&self) -> Result<i32, CUresult>;
+    /// `cuInit(0)`.
+    fn init(&self) -> CUresult;
+    /// `cuCheckpointProcessGetRestoreThreadId`.
+    fn restore_tid(&self, pid: Pid) -> Result<i32, CUresult>;
+    /// `cuCheckpointProcessGetState`.
+    fn state(&self, pid: Pid) -> Result<CUprocessState, CUresult>;
+    /// `cuCheckpointProcessLock` with `timeoutMs` (0 = none).
+    fn lock(&self, pid: Pid, timeout_ms: u32) -> CUresult;
+    /// `cuCheckpointProcessCheckpoint` with zeroed arguments.
+    fn checkpoint(&self, pid: Pid) -> CUresult;
+    /// `cuCheckpointProcessRestore`, with `pairs` when non-empty.
+    fn restore(&self, pid: Pid, pairs: &[CUcheckpointGpuPair]) -> CUresult;
+    /// `cuCheckpointProcessUnlock` with zeroed arguments.
+    fn unlock(&self, pid: Pid) -> CUresult;
+    /// Whether the driver has custom storage (CUDA 13.4: `cuGetProcAddress` finds
+    /// `cuCheckpointOperationComplete` at 13040). Makes no call that starts driver threads.
+    fn custom_storage(&self) -> bool {
+        false
+    }
+}
+
+/// Why the driver library could not be used at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot load libcuda.so.1: {0}")]
+    LibraryAbsent(String),
+    #[error("libcuda.so.1 lacks {0}")]
+    SymbolMissing(&'static str),
+}
 
 /// The driver library's SONAME.
 pub const LIBRARY: &str = "libcuda.so.1";
@@ -27,6 +63,14 @@ type LockFn = unsafe extern "C" fn(c_int, *mut CUcheckpointLockArgs) -> CUresult
 type CheckpointFn = unsafe extern "C" fn(c_int, *mut CUcheckpointCheckpointArgs) -> CUresult;
 type RestoreFn = unsafe extern "C" fn(c_int, *mut CUcheckpointRestoreArgs) -> CUresult;
 type UnlockFn = unsafe extern "C" fn(c_int, *mut CUcheckpointUnlockArgs) -> CUresult;
+pub(crate) type CompleteFn = unsafe extern "C" fn(*mut c_void) -> CUresult;
+type GetProcAddressV2Fn = unsafe extern "C" fn(
+    *const std::ffi::c_char,
+    *mut *mut c_void,
+    c_int,
+    u64,
+    *mut c_int,
+) -> CUresult;
 
 static LIBRARY_HANDLE: OnceLock<libloading::Library> = OnceLock::new();
 
@@ -101,31 +145,34 @@ type DeviceGetUuidFn = unsafe extern "C" fn(*mut CUuuid, c_int) -> CUresult;
 type DeviceGetNameFn = unsafe extern "C" fn(*mut std::ffi::c_char, c_int, c_int) -> CUresult;
 type DeviceTotalMemFn = unsafe extern "C" fn(*mut usize, c_int) -> CUresult;
 
-fn cu(call: &'static str, code: CUresult) -> Result<(), GpuError> {
-    if code.is_success() {
-        Ok(())
-    } else {
-        Err(GpuError::Driver { call, code })
+/// Why [`enumerate_gpus`] failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnumError {
+    /// `libcuda.so.1` or one of the enumeration's entry points is missing.
+    Load(LoadError),
+    /// A driver call of the enumeration failed.
+    Driver { call: &'static str, code: CUresult },
+}
+
+impl From<LoadError> for EnumError {
+    fn from(e: LoadError) -> Self {
+        EnumError::Load(e)
     }
 }
 
-/// [`enumerate_gpus`] on `worker`, given up after `limit` (`cuInit` or an enumeration call that
-/// hangs in a broken driver must not hang CRIU; see [`crate::worker`] for what happens to a call
-/// given up on).
-pub fn enumerate_gpus_within(
-    worker: &crate::worker::Worker,
-    limit: Option<std::time::Duration>,
-) -> Result<Vec<GpuInfo>, GpuError> {
-    worker
-        .call("cuInit/GPU enumeration", limit, enumerate_gpus)
-        .map_err(GpuError::Call)?
+fn cu(call: &'static str, code: CUresult) -> Result<(), EnumError> {
+    if code.is_success() {
+        Ok(())
+    } else {
+        Err(EnumError::Driver { call, code })
+    }
 }
 
 /// Every GPU of CRIU's view: ordinal, UUID, name and memory, through the driver library
 /// (needed by both backends: `cuda-checkpoint` itself runs on it).
-pub fn enumerate_gpus() -> Result<Vec<GpuInfo>, GpuError> {
+pub fn enumerate_gpus() -> Result<Vec<GpuInfo>, EnumError> {
     let lib = library()?;
-    // `entry!`'s `?` turns a missing symbol into `GpuError::Load`; only the two look-ups with a
+    // `entry!`'s `?` turns a missing symbol into `EnumError::Load`; only the two look-ups with a
     // fallback name go through a closure, to fall back to the older name.
     let init = entry!(lib, "cuInit", InitFn);
     let count_fn = entry!(lib, "cuDeviceGetCount", DeviceGetCountFn);
@@ -304,6 +351,50 @@ impl CudaDriver for LoadedDriver {
     }
 
     fn custom_storage(&self) -> bool {
-        super::cstore::available().unwrap_or(false)
+        available().unwrap_or(false)
     }
+}
+
+/// `cuCheckpointOperationComplete` as real callers find it: `cuGetProcAddress_v2` asked for
+/// CUDA 13.4. `Ok(None)`: this driver has no custom storage (older than 13.4, or the symbol
+/// is not there).
+pub(crate) fn complete_entry(lib: &libloading::Library) -> Result<Option<CompleteFn>, LoadError> {
+    let version_fn = entry!(lib, "cuDriverGetVersion", DriverGetVersionFn);
+    let mut version: c_int = 0;
+    // SAFETY: `cuDriverGetVersion(int *)` writes one int through a valid pointer.
+    if !unsafe { version_fn(&mut version) }.is_success()
+        || version < CUSTOM_STORAGE_MIN_DRIVER_VERSION
+    {
+        return Ok(None);
+    }
+    let gpa = entry!(lib, "cuGetProcAddress_v2", GetProcAddressV2Fn);
+    let mut pfn: *mut c_void = std::ptr::null_mut();
+    let mut status: c_int = 0;
+    // SAFETY: a NUL-terminated name, and valid out-pointers for the function pointer and the
+    // query status; flags 0 is CU_GET_PROC_ADDRESS_DEFAULT.
+    let r = unsafe {
+        gpa(
+            c"cuCheckpointOperationComplete".as_ptr(),
+            &mut pfn,
+            CUSTOM_STORAGE_MIN_DRIVER_VERSION,
+            0,
+            &mut status,
+        )
+    };
+    if !r.is_success() || pfn.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the driver returned the address of `cuCheckpointOperationComplete`, whose C
+    // signature is `CUresult (CUcheckpointOperationHandle)`; function and data pointers have
+    // the same size on every platform the plugin builds for.
+    Ok(Some(unsafe {
+        std::mem::transmute::<*mut c_void, CompleteFn>(pfn)
+    }))
+}
+
+/// Whether the driver has custom storage: loads the library and probes
+/// `cuCheckpointOperationComplete` with `cuGetProcAddress(…, 13040)`. Makes no call that
+/// starts driver threads (no `cuInit`).
+pub fn available() -> Result<bool, LoadError> {
+    Ok(complete_entry(library()?)?.is_some())
 }

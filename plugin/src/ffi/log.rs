@@ -63,3 +63,38 @@ pub fn log(level: u32, msg: &str) {
         None => eprint!("{line}"),
     }
 }
+
+/// A log level (CRIU's `print_on_level` levels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// CRIU records the first ERROR line as the operation's error; keep it for real failures.
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+impl Level {
+    /// The numeric level `print_on_level` takes.
+    #[must_use]
+    pub const fn criu(self) -> u32 {
+        use abi::criu::log_level;
+        match self {
+            Level::Error => log_level::ERROR,
+            Level::Warn => log_level::WARN,
+            Level::Info => log_level::INFO,
+            Level::Debug => log_level::DEBUG,
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Level::Error => "error",
+            Level::Warn => "warn",
+            Level::Info => "info",
+            Level::Debug => "debug",
+        })
+    }
+}

@@ -2,7 +2,7 @@
 //! requests are only accepted from the thread that seized the task). See [`crate::thread`] for
 //! the sequence and why.
 
-use crate::backend::{Pid, Tid};
+use crate::task::{Pid, Tid};
 use crate::thread::{tracer_and_seccomp, Resumed, ThreadControl, ThreadError};
 use std::ffi::{c_long, c_void};
 use std::time::{Duration, Instant};

@@ -17,6 +17,7 @@
 //! fails: restoring CUDA tasks without one would leave them broken. The inventory entry is
 //! consumed only once the backend is ready (exact match; see [`crate::ffi::criu`]).
 
+pub mod criu_host;
 pub mod run;
 
 use crate::backend::cli::{Cli, CliProbe, ProcessRunner};

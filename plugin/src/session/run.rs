@@ -5,24 +5,22 @@
 use crate::agent::client::{Link, LinkGuard};
 use crate::agent::proto::FinishMode;
 use crate::agent::Access;
-use crate::backend::cli::{probe_cli, CliProbe, ProcessRunner};
-use crate::backend::driver::DriverProbe;
 use crate::engine::{Engine, EngineError, Outcome};
 use crate::env::Environment;
 use crate::error::PluginError;
-use crate::ffi::criu::{self, CriuHost, Helper};
+use crate::ffi::criu;
 use crate::hooks::MaxHooks;
 use crate::host::Level;
-use crate::machine::{GpuError, Machine};
 use crate::message::{Report, Tenths};
 use crate::select::Selected;
-use crate::session::{InitContext, Probes, Start};
+use crate::session::criu_host::{CriuHost, Helper};
+use crate::session::{InitContext, Start};
 use crate::worker::Worker;
 use abi::criu::Stage;
-use std::ffi::{c_int, OsStr};
+use std::ffi::c_int;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The plugin's state between `init` and `exit`.
 struct Active {
@@ -80,91 +78,6 @@ impl TaskHook {
             Self::CheckpointDevices => engine.checkpoint_devices(pid),
             Self::ResumeDevicesLate => engine.resume_devices_late(pid),
         }
-    }
-}
-
-impl CriuHost {
-    /// Starts the helper if it may run and does not yet. CRIU is single-threaded here: nothing
-    /// of the plugin's has run on a thread yet (every driver call so far went to the helper, or
-    /// there was none).
-    fn ensure_helper(&mut self) {
-        if !matches!(self.helper, Helper::Allowed) {
-            return;
-        }
-        match crate::agent::spawn(criu::image_dir_fd()) {
-            Ok(link) => {
-                log(
-                    Level::Debug,
-                    &format!("helper process {} started", link.agent_pid()),
-                );
-                self.access.link = Some(Arc::new(link));
-                self.helper = Helper::Running;
-            }
-            Err(e) => {
-                log(
-                    Level::Warn,
-                    &format!(
-                        "{e}: driver calls run on threads inside CRIU (a dump of a tree in its \
-                         own mount namespace may then fail), and nothing guards the tasks \
-                         should CRIU die"
-                    ),
-                );
-                self.helper = Helper::Failed;
-            }
-        }
-    }
-}
-
-impl Probes for CriuHost {
-    fn allow_helper(&mut self, allowed: bool) {
-        self.helper = if allowed {
-            Helper::Allowed
-        } else {
-            Helper::Off
-        };
-    }
-
-    fn probe_driver(&mut self, call_init: bool, limit: Option<Duration>) -> DriverProbe {
-        self.ensure_helper();
-        // A driver whose cuDriverGetVersion or cuInit hangs must not hang CRIU.
-        self.access.probe(call_init, limit)
-    }
-
-    fn probe_cli(
-        &mut self,
-        program: Option<&Path>,
-        path: Option<&OsStr>,
-        timeout: Option<Duration>,
-    ) -> CliProbe {
-        probe_cli(program, path, &mut ProcessRunner, timeout)
-    }
-}
-
-impl Machine for CriuHost {
-    fn current_gpus(
-        &mut self,
-        limit: Option<Duration>,
-    ) -> Result<Vec<crate::inventory::GpuInfo>, GpuError> {
-        self.ensure_helper();
-        self.access.current_gpus(limit)
-    }
-
-    fn gpu_memory(
-        &mut self,
-        limit: Option<Duration>,
-    ) -> Result<crate::nvml::Snapshot, crate::nvml::NvmlError> {
-        self.ensure_helper();
-        self.access.gpu_memory(limit)
-    }
-
-    fn memory_available(&self) -> Option<u64> {
-        crate::env::mem_available_override().or_else(|| {
-            crate::nvml::parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
-        })
-    }
-
-    fn tree(&self, root: crate::backend::Pid) -> Vec<crate::backend::Pid> {
-        crate::thread::descendants(root)
     }
 }
 
@@ -231,7 +144,16 @@ pub fn init(stage: Stage, mh: &MaxHooks) -> Result<(), PluginError> {
         late_errors_ignored: !mh.has_dump_finish(),
         streaming: criu::streaming(),
         stage,
-        host_options: criu::plugin_options(),
+        host_options: criu::plugin_options().unwrap_or_else(|code| {
+            log(
+                Level::Warn,
+                &format!(
+                    "criu_plugin_get_options failed ({code}); using {}",
+                    crate::env::OPTIONS
+                ),
+            );
+            None
+        }),
         config,
         env,
         nvidia_gpu_present: Path::new("/proc/driver/nvidia/gpus/").is_dir(),
