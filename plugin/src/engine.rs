@@ -21,7 +21,8 @@
 //! **`--leave-stopped`.** Only a failed dump or `--leave-running` (CRIU's `TASK_ALIVE`) triggers
 //! the rollback, like CRIU's C plugin: with `--leave-stopped` the tasks stay CHECKPOINTED.
 
-use crate::agent::AgentError;
+use crate::agent::{AgentError, Guard};
+use crate::backend::drive::{drive, DriveError, Driven};
 use crate::backend::{
     op_deadline, Backend, BackendError, GpuPair, Job, LockLimits, Op, Pid, Tid, LOCK_ABANDON_GRACE,
 };
@@ -357,23 +358,6 @@ pub struct TaskRecord {
     pub locked_by_us: bool,
     /// We asked for a checkpoint (whether or not it reported success).
     pub checkpointed_by_us: bool,
-}
-
-/// What the engine tells the guardian before it changes a task's state (see [`crate::agent`]).
-/// Each note returns an error when it could not be delivered.
-pub trait Guard: Send {
-    /// `pid` is about to be changed; `target` is the state to put it back to.
-    fn track(
-        &self,
-        pid: Pid,
-        target: CUprocessState,
-        bytes: Option<u64>,
-        pairs: &[GpuPair],
-    ) -> Result<(), AgentError>;
-    /// `op` is about to start on `pid`.
-    fn intent(&self, pid: Pid, op: Op) -> Result<(), AgentError>;
-    /// `pid` is back in its target state (or gone).
-    fn untrack(&self, pid: Pid) -> Result<(), AgentError>;
 }
 
 /// The lifecycle engine for one CRIU operation.
@@ -1826,80 +1810,6 @@ fn copy_deadline(
         );
     }
     d
-}
-
-/// How long [`drive`] waits for a task with an open custom-storage operation (CHECKPOINTING,
-/// RESTORING) to leave it: the driver aborts the operation when the copier that opened it
-/// exits (the mock's model, see `docs/custom-storage.md`), which the plugin has made happen.
-pub const OPEN_OPERATION_WAIT: Duration = Duration::from_secs(10);
-
-/// How [`drive`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Driven {
-    /// The task is in the target state.
-    Reached,
-    /// The task is less advanced than the target (RUNNING, or LOCKED for a CHECKPOINTED
-    /// target): someone else changed it, and it is left so (never re-locked).
-    LessAdvanced(CUprocessState),
-}
-
-/// Why [`drive`] failed.
-#[derive(Debug)]
-pub enum DriveError {
-    Backend(BackendError),
-    /// A state the machine has no way back from.
-    BadState(CUprocessState),
-}
-
-/// Drives `pid` to `target`, state-driven: query the state, then restore (with `pairs` and the
-/// deadline `restore_deadline` gives) and unlock as needed. Every step taken is added to
-/// `steps`. Shared by the rollback and the guardian.
-pub fn drive(
-    backend: &mut dyn Backend,
-    pid: Pid,
-    target: CUprocessState,
-    pairs: &[GpuPair],
-    restore_deadline: &mut dyn FnMut() -> Option<Duration>,
-    steps: &mut Vec<&'static str>,
-) -> Result<Driven, DriveError> {
-    let mut state = backend.get_state(pid).map_err(DriveError::Backend)?;
-    let mut waited = false;
-    loop {
-        match (state, target) {
-            (s, t) if s == t => return Ok(Driven::Reached),
-            (CUprocessState::CHECKPOINTED, _) => {
-                backend
-                    .restore(pid, pairs, restore_deadline())
-                    .map_err(DriveError::Backend)?;
-                steps.push("restored");
-                state = CUprocessState::LOCKED;
-            }
-            (CUprocessState::LOCKED, CUprocessState::RUNNING) => {
-                backend.unlock(pid).map_err(DriveError::Backend)?;
-                steps.push("unlocked");
-                state = CUprocessState::RUNNING;
-            }
-            (CUprocessState::RUNNING | CUprocessState::LOCKED, _) => {
-                return Ok(Driven::LessAdvanced(state))
-            }
-            (CUprocessState::CHECKPOINTING | CUprocessState::RESTORING, _) if !waited => {
-                // A custom-storage operation is open: its copier failed (or was killed) and
-                // the driver aborts what the copier had open once it has exited. Wait for that,
-                // bounded, then act on the state it leaves.
-                waited = true;
-                let until = std::time::Instant::now() + OPEN_OPERATION_WAIT;
-                while matches!(
-                    state,
-                    CUprocessState::CHECKPOINTING | CUprocessState::RESTORING
-                ) && std::time::Instant::now() < until
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                    state = backend.get_state(pid).map_err(DriveError::Backend)?;
-                }
-            }
-            (state, _) => return Err(DriveError::BadState(state)),
-        }
-    }
 }
 
 #[cfg(test)]

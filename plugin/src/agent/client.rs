@@ -324,11 +324,11 @@ impl Link {
         }
         // The same start line as the first helper's (tools that follow the helpers key on it).
         crate::ffi::log::log(
-            crate::host::Level::Debug.criu(),
+            crate::ffi::log::Level::Debug.criu(),
             &format!("helper process {} started", st.agent),
         );
         crate::ffi::log::log(
-            crate::host::Level::Warn.criu(),
+            crate::ffi::log::Level::Warn.criu(),
             &format!(
                 "helper process {old} is gone ({why}); helper process {} took over for the rest \
                  of this run (driver loaded, {} task(s) guarded) in {:.1} ms (bounds: {} to \
@@ -601,7 +601,7 @@ impl DriverExec for Link {
 #[derive(Debug)]
 pub struct LinkGuard(pub std::sync::Arc<Link>);
 
-impl crate::engine::Guard for LinkGuard {
+impl crate::agent::Guard for LinkGuard {
     fn track(
         &self,
         pid: Pid,

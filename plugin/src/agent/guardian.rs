@@ -30,9 +30,9 @@
 use super::calls::{loaded, wait_late_calls, Driver, InFlight};
 use super::proto::{FinishMode, GuardBackend, GuardConfig, GuardStage, ToAgent, Tracked};
 use crate::backend::cli::{Cli, ProcessRunner};
+use crate::backend::drive::{drive, DriveError, Driven};
 use crate::backend::driver::{DriverApi, LocalExec};
 use crate::backend::{Backend, GpuPair, Pid};
-use crate::engine::{drive, DriveError, Driven};
 use crate::ffi::agent::{open_in, poll, syslog};
 use crate::thread::ThreadControl;
 use abi::CUprocessState;

@@ -49,6 +49,23 @@ use crate::ffi::agent::{self as sys, Channel};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
+/// What the engine tells the guardian before it changes a task's state (see the module's docs).
+/// Each note returns an error when it could not be delivered.
+pub trait Guard: Send {
+    /// `pid` is about to be changed; `target` is the state to put it back to.
+    fn track(
+        &self,
+        pid: crate::task::Pid,
+        target: abi::CUprocessState,
+        bytes: Option<u64>,
+        pairs: &[crate::backend::GpuPair],
+    ) -> Result<(), AgentError>;
+    /// `op` is about to start on `pid`.
+    fn intent(&self, pid: crate::task::Pid, op: crate::backend::Op) -> Result<(), AgentError>;
+    /// `pid` is back in its target state (or gone).
+    fn untrack(&self, pid: crate::task::Pid) -> Result<(), AgentError>;
+}
+
 /// Starts a helper process and connects to it. `image_dir` (CRIU's image directory, duplicated
 /// for the helper) is where the guardian writes its log.
 pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, AgentError> {

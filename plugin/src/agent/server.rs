@@ -248,7 +248,7 @@ fn carry_out(
                     done.join(", ")
                 }
             );
-            forward_log(crate::host::Level::Error.criu(), &msg);
+            forward_log(crate::ffi::log::Level::Error.criu(), &msg);
             crate::ffi::agent::syslog(true, &msg);
             return;
         }
@@ -258,7 +258,7 @@ fn carry_out(
         });
     }
     let msg = format!("{head}; {done_word} ({})", done.join(", "));
-    forward_log(crate::host::Level::Info.criu(), &msg);
+    forward_log(crate::ffi::log::Level::Info.criu(), &msg);
     crate::ffi::agent::syslog(false, &msg);
 }
 

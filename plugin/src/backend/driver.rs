@@ -20,6 +20,7 @@ use super::{
     lock_timeout_ms, op_deadline, Backend, BackendError, BackendKind, FailureClass, GpuPair, Job,
     JobResult, LockLimits, Op, Pid, Tid,
 };
+use crate::image::CustomRecord;
 use crate::worker::{CallError, Worker};
 use abi::cuda::GPU_PAIRS_MIN_DRIVER_VERSION;
 use abi::{CUcheckpointGpuPair, CUprocessState, CUresult};
@@ -32,6 +33,27 @@ use std::time::Duration;
 pub const MIN_DRIVER_VERSION: i32 = GPU_PAIRS_MIN_DRIVER_VERSION;
 
 pub use crate::ffi::cuda::{CudaDriver, LoadError};
+
+/// Custom storage as the driver-API backend uses it: its tasks' GPU memory moved to and from
+/// image files by a copier process ([`crate::cstore::client::CustomPath`]). The backend knows
+/// only this trait, so that custom storage (which runs its copiers through the helper's
+/// protocol) sits above it.
+pub trait CustomStorage: Send + fmt::Debug {
+    /// What checkpointing `pid` wrote (for its task image).
+    fn written(&self, pid: Pid) -> Option<CustomRecord>;
+    /// Restore: what the dump recorded for the task that is `pid` now.
+    fn set_recorded(&mut self, pid: Pid, rec: CustomRecord);
+    /// A line for the log: what `pid`'s last operation moved.
+    fn summary(&self, pid: Pid) -> Option<String>;
+    /// After a failed dump: removes the files of every task but `keep`'s; how many it removed.
+    fn discard(&mut self, keep: &[Pid]) -> usize;
+    /// Whether `pid`'s GPU memory is in custom-storage files.
+    fn holds(&self, pid: Pid) -> bool;
+    /// Checkpoints `jobs` into files, at most `width` at a time; each task's result in order.
+    fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult>;
+    /// Restores `jobs` from their files (with the dump's GPU pairs), at most `width` at a time.
+    fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult>;
+}
 
 /// Where a usable driver's calls run.
 #[derive(Clone)]
@@ -259,7 +281,7 @@ pub struct DriverApi {
     abandoned: std::cell::Cell<Option<Op>>,
     /// Custom storage, when this dump or restore uses it: checkpoints (and the restores of
     /// tasks whose memory is in files) go through the copier instead of `exec`.
-    custom: Option<crate::cstore::client::CustomPath>,
+    custom: Option<Box<dyn CustomStorage>>,
 }
 
 impl fmt::Debug for DriverApi {
@@ -290,7 +312,7 @@ impl DriverApi {
 
     /// Moves GPU memory through custom storage ([`crate::cstore`]).
     #[must_use]
-    pub fn with_custom_storage(mut self, path: crate::cstore::client::CustomPath) -> Self {
+    pub fn with_custom_storage(mut self, path: Box<dyn CustomStorage>) -> Self {
         self.custom = Some(path);
         self
     }

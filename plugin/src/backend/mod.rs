@@ -17,6 +17,7 @@
 //! ```
 
 pub mod cli;
+pub mod drive;
 pub mod driver;
 
 use abi::{CUprocessState, CUresult, GpuUuid};

@@ -493,6 +493,36 @@ impl CustomPath {
     }
 }
 
+impl crate::backend::driver::CustomStorage for CustomPath {
+    fn written(&self, pid: Pid) -> Option<CustomRecord> {
+        CustomPath::written(self, pid)
+    }
+
+    fn set_recorded(&mut self, pid: Pid, rec: CustomRecord) {
+        CustomPath::set_recorded(self, pid, rec);
+    }
+
+    fn summary(&self, pid: Pid) -> Option<String> {
+        CustomPath::summary(self, pid)
+    }
+
+    fn discard(&mut self, keep: &[Pid]) -> usize {
+        CustomPath::discard(self, keep)
+    }
+
+    fn holds(&self, pid: Pid) -> bool {
+        CustomPath::holds(self, pid)
+    }
+
+    fn checkpoint_many(&mut self, jobs: &[Job], width: usize) -> Vec<JobResult> {
+        CustomPath::checkpoint_many(self, jobs, width)
+    }
+
+    fn restore_many(&mut self, jobs: &[Job], pairs: &[GpuPair], width: usize) -> Vec<JobResult> {
+        CustomPath::restore_many(self, jobs, pairs, width)
+    }
+}
+
 fn call_error(op: Op, pid: Pid, e: CallError) -> BackendError {
     match e {
         CallError::TimedOut { after } => BackendError::Timeout {

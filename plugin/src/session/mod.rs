@@ -573,7 +573,7 @@ pub fn build_backend(
     custom: Option<crate::cstore::client::CustomPath>,
 ) -> Box<dyn Backend> {
     let with_custom = |d: DriverApi| match custom {
-        Some(c) => d.with_custom_storage(c),
+        Some(c) => d.with_custom_storage(Box::new(c)),
         None => d,
     };
     match selected {
