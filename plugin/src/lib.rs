@@ -14,7 +14,8 @@
 //!
 //! | Module | Role |
 //! |---|---|
-//! | [`ffi`] | **All** `unsafe` code: the descriptor, the constructor and the `extern "C"` entry points with their panic guard (each only translates for one function of [`session::run`]); CRIU's services; the driver library; ptrace; the child-process descriptor hygiene. |
+//! | [`entry`] | The top: the descriptor, the constructor and the `extern "C"` entry points with their panic guard, each only translating for one function of [`session::run`]. |
+//! | [`ffi`] | The bottom: thin, safe wrappers over CRIU's services, the driver library, NVML, ptrace and the child-process descriptor hygiene, with all of the `unsafe` but [`entry`]'s. |
 //! | [`session`] | What `init(stage)` decides: disabled or enabled, with which backend ([`select`]) and settings ([`options`], [`gpu_map`]); [`session::run`]: the state between `init` and `exit`, `init`'s orchestration (the helper, the engine) and what each hook does with it. |
 //! | [`engine`] | The per-task lifecycle: PAUSE, CHECKPOINT, DUMP_FINISH/exit rollback, RESUME. |
 //! | [`backend`] | The [`backend::Backend`] trait and its two implementations. |
@@ -26,7 +27,8 @@
 //! | [`gpu_map`] | `device-map`: the grammar, and its resolution against the inventory and this host's GPUs. |
 //! | [`error`] | The top-level error and its single translation to a negative errno. |
 //! | [`worker`] | Driver calls on a worker thread with a deadline, and the one rule for calls abandoned on timeout. |
-//! | [`agent`] | The helper process: driver calls outside CRIU (CRIU stays single-threaded) and the guardian that puts tasks back when CRIU dies. |
+//! | [`agent`] | CRIU's side of the helper process (driver calls outside CRIU, so CRIU stays single-threaded): the protocol, the link, typed errors. |
+//! | [`helper`] | The helper process itself: its start, its main loop, the guardian that puts tasks back when CRIU dies. |
 //! | [`nvml`](mod@nvml) | Sizes: GPU memory per task (NVML), host- and GPU-memory checks, deadlines that grow with the data. |
 //! | [`message`] | Keeping every message handed to CRIU short (CRIU's buffer is 8 KiB). |
 //! | [`env`](mod@env) | Every environment variable the plugin reads. |
@@ -54,11 +56,14 @@ pub mod backend;
 pub mod config;
 pub mod cstore;
 pub mod engine;
+#[allow(unsafe_code)]
+pub mod entry;
 pub mod env;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod ffi;
 pub mod gpu_map;
+pub mod helper;
 pub mod hooks;
 pub mod host;
 pub mod image;

@@ -77,15 +77,15 @@ const COMPOSED: &[(&str, &str)] = &[
     ),
     (
         "cuda_plugin.conf next to it is not read",
-        "ffi/exports.rs: `{} next to it` with config::FILE_NAME",
+        "session/run.rs: `{} next to it` with config::FILE_NAME",
     ),
     (
         "ended during the dump without the plugin's final word",
-        "agent/guardian.rs",
+        "helper/guardian.rs",
     ),
     (
         "the lock CRIU gave up on landed late",
-        "agent/server.rs: `the {what} CRIU gave up on`",
+        "helper/server.rs: `the {what} CRIU gave up on`",
     ),
     (
         "for option cuda_plugin.cuda-checkpoint",

@@ -1,4 +1,9 @@
-//! The plugin's helper process: it runs the driver calls, so that CRIU stays single-threaded,
+//! CRIU's side of the plugin's helper process ([`crate::helper`]: its main loop, the guardian
+//! and how it is started): the protocol ([`proto`]), the link ([`client`]), typed errors
+//! ([`error`]), where driver work runs ([`Access`]) and what the engine tells the guardian
+//! ([`Guard`]).
+//!
+//! The helper process runs the driver calls, so that CRIU stays single-threaded,
 //! and it guards the CUDA tasks, so that CRIU's death cannot leave them locked or checkpointed.
 //!
 //! # Why a process
@@ -18,7 +23,7 @@
 //!   that task's state was when the dump started ([`proto::ToAgent::Track`],
 //!   [`proto::ToAgent::Intent`]), and at a normal end tells it to exit
 //!   ([`proto::ToAgent::Finish`]). If the channel closes (or CRIU's pidfd fires) without that
-//!   word, the helper is the *guardian* ([`guardian`]): it waits for calls in flight and for the
+//!   word, the helper is the *guardian* ([`crate::helper::guardian`]): it waits for calls in flight and for the
 //!   tasks to be untraced, then drives each back to its dump-start state with the backend CRIU was
 //!   using, with deadlines, logging to `cuda-plugin-guardian.log` in the image directory and to
 //!   syslog. At restore it kills the surviving tasks (`on-restore-failure=kill`, CRIU's own rule
@@ -33,21 +38,14 @@
 //! before `init` returns, and its restore's SIGCHLD handler (installed after `init`) never sees
 //! the helper. It exits when told, when CRIU has gone and there is nothing to put back, or when
 //! the guardian has done its work; the guardian's own waits are bounded (see
-//! [`guardian`]'s constants). `cuda_plugin.guardian=off` starts no helper at all: driver calls
+//! [`crate::helper::guardian`]'s constants). `cuda_plugin.guardian=off` starts no helper at all: driver calls
 //! then run on threads inside CRIU, as before.
 
-pub mod calls;
 pub mod client;
 pub mod error;
-pub mod guardian;
 pub mod proto;
-pub mod server;
 
 pub use error::{AgentError, Gone};
-
-use crate::ffi::agent::{self as sys, Channel};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 
 /// What the engine tells the guardian before it changes a task's state (see the module's docs).
 /// Each note returns an error when it could not be delivered.
@@ -64,47 +62,6 @@ pub trait Guard: Send {
     fn intent(&self, pid: crate::task::Pid, op: crate::backend::Op) -> Result<(), AgentError>;
     /// `pid` is back in its target state (or gone).
     fn untrack(&self, pid: crate::task::Pid) -> Result<(), AgentError>;
-}
-
-/// Starts a helper process and connects to it. `image_dir` (CRIU's image directory, duplicated
-/// for the helper) is where the guardian writes its log.
-pub fn spawn(image_dir: Option<RawFd>) -> Result<client::Link, AgentError> {
-    let link = spawn_named(image_dir, c"cuda-guardian")?;
-    // Should this helper die with work left (killed by an operator, a cgroup's OOM killer, a
-    // node agent), a fresh one takes over; CRIU's image directory stays open for CRIU's whole
-    // run, so the number stays good.
-    Ok(link.revivable(Box::new(move || start_named(image_dir, c"cuda-guardian"))))
-}
-
-/// [`spawn`] with the process name `name` (`cuda-copier` for custom storage's copier, see
-/// [`crate::cstore`]).
-pub fn spawn_named(
-    image_dir: Option<RawFd>,
-    name: &'static std::ffi::CStr,
-) -> Result<client::Link, AgentError> {
-    client::Link::connect(start_named(image_dir, name)?, client::HELLO_LIMIT)
-}
-
-/// Forks a helper named `name` and returns CRIU's end of its channel (the hello is still to
-/// come).
-fn start_named(
-    image_dir: Option<RawFd>,
-    name: &'static std::ffi::CStr,
-) -> Result<Channel, AgentError> {
-    let (criu_end, agent_end) = Channel::pair().map_err(|e| AgentError::Channel(Arc::new(e)))?;
-    let pidfd = sys::self_pidfd();
-    let dir: Option<OwnedFd> = image_dir.and_then(|fd| sys::dup(fd).ok());
-    let criu_pid = crate::backend::Pid::try_from(std::process::id()).unwrap_or(0);
-    let mut keep = vec![agent_end.fd().as_raw_fd()];
-    keep.extend(pidfd.as_ref().map(AsRawFd::as_raw_fd));
-    keep.extend(dir.as_ref().map(AsRawFd::as_raw_fd));
-    let spawned = sys::spawn_detached(&keep, name, move || {
-        server::serve(agent_end, pidfd, dir, criu_pid)
-    });
-    // The closure (and with it the helper's descriptors) was moved into the fork and dropped
-    // here: CRIU keeps only its own end.
-    spawned.map_err(|e| AgentError::Spawn(Arc::new(e)))?;
-    Ok(criu_end)
 }
 
 /// Where the plugin's driver work runs: in the helper when one runs, else on `worker` threads.

@@ -4,7 +4,7 @@
 //! The copier loads the driver, calls `cuInit` and retains every GPU's primary context once
 //! (the contexts custom storage maps the tasks' memory into), then serves jobs. A job that
 //! fails removes the files it wrote and returns its error; the server then ends the process
-//! ([`crate::agent::server`]), which is how the operation it left open is aborted.
+//! ([`crate::helper::server`]), which is how the operation it left open is aborted.
 
 use super::pipeline::{self, file_name, DeviceCopy, DeviceError, Expected, Identity, ImageFile};
 use crate::agent::proto::{CustomGpu, CustomJob};
@@ -57,7 +57,7 @@ pub fn run(job: &CustomJob, dir: Option<RawFd>) -> Result<Vec<CustomGpu>, String
     let Some(dir) = dir else {
         return Err("the copier has no image directory".into());
     };
-    // The helper's image directory, open for its whole life (see `crate::agent::server`),
+    // The helper's image directory, open for its whole life (see `crate::helper::server`),
     // and a path that names it for the pipeline's opens.
     let path = PathBuf::from(format!("/proc/self/fd/{dir}"));
     let dir = crate::ffi::agent::borrow_fd(dir);

@@ -392,7 +392,7 @@ pub fn syslog(err: bool, msg: &str) {
 }
 
 /// A directory descriptor that stays open for the rest of the process's life, borrowed: the
-/// helper's image directory (it holds it until it exits, see [`crate::agent::server`]) or
+/// helper's image directory (it holds it until it exits, see [`crate::helper::server`]) or
 /// CRIU's (`criu_get_image_dir`, open for CRIU's whole run).
 #[must_use]
 pub fn borrow_fd(fd: RawFd) -> BorrowedFd<'static> {

@@ -220,12 +220,6 @@ fn name_c() -> CString {
     CString::new(PLUGIN_NAME).unwrap_or_default()
 }
 
-/// Whether the image inventory lists `cuda_plugin`, matched exactly.
-///
-/// With `has_inventory_plugin` (the #3076 line) the query consumes nothing. Otherwise CRIU 4.1's
-/// destructive two-argument `check_and_remove_inventory_plugin` is called with `strlen + 1`
-/// bytes, so the comparison includes the terminating NUL and `cuda_plugin_v2` does not match.
-#[must_use]
 /// `add_inventory_plugin("cuda_plugin")`: lists the plugin in the dump's inventory.
 pub fn add_inventory_plugin() -> Result<(), HostError> {
     let add = criu_fn!(c"add_inventory_plugin", AddInventoryFn)
@@ -241,6 +235,12 @@ pub fn add_inventory_plugin() -> Result<(), HostError> {
     }
 }
 
+/// Whether the image inventory lists `cuda_plugin`, matched exactly.
+///
+/// With `has_inventory_plugin` (the #3076 line) the query consumes nothing. Otherwise CRIU 4.1's
+/// destructive two-argument `check_and_remove_inventory_plugin` is called with `strlen + 1`
+/// bytes, so the comparison includes the terminating NUL and `cuda_plugin_v2` does not match.
+#[must_use]
 pub fn inventory_query() -> InventoryAnswer {
     let name = name_c();
     if let Some(has) = criu_fn!(c"has_inventory_plugin", HasInventoryFn) {

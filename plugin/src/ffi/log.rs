@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 static FORWARD: OnceLock<fn(u32, &str)> = OnceLock::new();
 
 /// From now on, [`log`] hands every line to `forward` (the helper process sends it to CRIU
-/// through its channel: [`crate::agent::server::forward_log`]). The first call wins.
+/// through its channel: [`crate::helper::server::forward_log`]). The first call wins.
 pub fn forward_to(forward: fn(u32, &str)) {
     let _ = FORWARD.set(forward);
 }

@@ -1,8 +1,10 @@
-//! Every line of `unsafe` in the plugin lives under this module.
+//! The bottom layer: thin, safe wrappers over every C interface the plugin uses, and all of
+//! its `unsafe` but the exported symbols ([`crate::entry`]). It imports nothing of the plugin
+//! above [`crate::task`], [`crate::inventory`], [`crate::nvml`]'s types, [`crate::thread`]'s
+//! seam and the leaf utilities ([`crate::message`], [`crate::worker`]).
 //!
 //! | Module | Unsafe operations |
 //! |---|---|
-//! | [`exports`] | `CR_PLUGIN_DESC`, the `.init_array` constructor that clamps `max_hooks`, and the `extern "C"` entry points, each under one panic guard, each translating its arguments for one function of [`crate::session::run`] and its result into CRIU's return value |
 //! | [`agent`] | the helper process's channel (`SOCK_SEQPACKET` pair), its double fork into a session of its own with only its descriptors, CRIU's pidfd, syslog |
 //! | [`log`] | `dlsym(RTLD_DEFAULT)` of CRIU's logger, `print_on_level`, and the variadic call to it |
 //! | [`criu`] | `dlsym(RTLD_DEFAULT)` look-ups of CRIU's services and data (the inventory, the image directory, options, `opts`, `fi_strategy`, `cr_plugin_ctl`), never linked |
@@ -22,7 +24,6 @@ pub mod agent;
 pub mod criu;
 pub mod cstore;
 pub mod cuda;
-pub mod exports;
 pub mod log;
 pub mod nvml;
 pub mod ptrace;

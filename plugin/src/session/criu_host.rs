@@ -93,7 +93,7 @@ impl CriuHost {
         if !matches!(self.helper, Helper::Allowed) {
             return;
         }
-        match crate::agent::spawn(criu::image_dir_fd()) {
+        match crate::helper::spawn(criu::image_dir_fd()) {
             Ok(link) => {
                 log(
                     Level::Debug,

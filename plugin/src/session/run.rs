@@ -1,5 +1,5 @@
 //! The running session: the plugin's state between CRIU's `init` and `exit`, and what each of
-//! CRIU's calls does with it. The entry points ([`crate::ffi::exports`]) only translate CRIU's
+//! CRIU's calls does with it. The entry points ([`crate::entry`]) only translate CRIU's
 //! arguments, call one function here and turn its result into CRIU's return value.
 
 use crate::agent::client::{Link, LinkGuard};
@@ -266,7 +266,7 @@ pub fn init(stage: Stage, mh: &MaxHooks) -> Result<(), PluginError> {
                 crate::cstore::client::CustomPath::new(
                     c.dump_id,
                     criu::image_dir_fd(),
-                    Box::new(|| crate::agent::spawn_named(criu::image_dir_fd(), c"cuda-copier")),
+                    Box::new(|| crate::helper::spawn_named(criu::image_dir_fd(), c"cuda-copier")),
                 )
             });
             let backend =

@@ -28,7 +28,7 @@
 //! last hook, and tell the plugin nothing.
 
 use super::calls::{loaded, wait_late_calls, Driver, InFlight};
-use super::proto::{FinishMode, GuardBackend, GuardConfig, GuardStage, ToAgent, Tracked};
+use crate::agent::proto::{FinishMode, GuardBackend, GuardConfig, GuardStage, ToAgent, Tracked};
 use crate::backend::cli::{Cli, ProcessRunner};
 use crate::backend::drive::{drive, DriveError, Driven};
 use crate::backend::driver::{DriverApi, LocalExec};

@@ -3,7 +3,7 @@
 
 use super::calls::{lock, wait_late_calls, Driver, InFlight};
 use super::guardian::{self, Ledger};
-use super::proto::{self, Call, FinishMode, FromAgent, ProbeReply, Reply, ToAgent, WireGpu};
+use crate::agent::proto::{self, Call, FinishMode, FromAgent, ProbeReply, Reply, ToAgent, WireGpu};
 use crate::backend::driver::{probe_driver, CudaDriver, DriverCall, DriverProbe, DriverReply};
 use crate::ffi::agent::{poll, Channel};
 use crate::task::Pid;

@@ -1,5 +1,7 @@
 //! What CRIU sees: `CR_PLUGIN_DESC`, the load-time constructor, and the `extern "C"` entry
-//! points.
+//! points: the top of the plugin's modules (nothing imports it). Besides [`crate::ffi`], the
+//! only module allowed `unsafe`, and only for what an exported symbol needs: the two
+//! `no_mangle` statics, the `.init_array` constructor and its one write to the descriptor.
 //!
 //! ```text
 //! CR_PLUGIN_DESC (cr_plugin_desc_t, 32 + 8 * 17 bytes)
@@ -104,7 +106,7 @@ extern "C" fn constructor() {
     let _ = catch_unwind(|| {
         let choice = hooks::choose(
             crate::env::max_hooks_override().as_deref(),
-            super::criu::plugin_ctl_size(),
+            crate::ffi::criu::plugin_ctl_size(),
         );
         // SAFETY: we are inside dlopen of this library; nothing else can access the descriptor
         // yet (see the `Sync` impl), and the pointer from UnsafeCell::get is valid and aligned.
@@ -118,7 +120,7 @@ extern "C" fn constructor() {
 static CONSTRUCTOR: extern "C" fn() = constructor;
 
 fn log(level: Level, msg: &str) {
-    super::log::log(level.criu(), msg);
+    crate::ffi::log::log(level.criu(), msg);
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
