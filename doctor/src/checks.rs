@@ -6,6 +6,7 @@ use cuda_plugin::backend::cli::{
     find_in_path, probe_cli, CliProbe, CommandRunner, ProcessRunner, RunError, RunOutput,
 };
 use cuda_plugin::backend::driver::{probe_driver, DriverProbe, LoadError};
+use cuda_plugin::backend::BackendKind;
 use cuda_plugin::backend::ExitInfo;
 use cuda_plugin::config::{ConfigError, Lookup, Origin};
 use cuda_plugin::nvml::NodeReport;
@@ -480,8 +481,9 @@ fn cuda_checkpoint(
     driver_api: bool,
 ) -> Check {
     const ID: &str = "cuda-checkpoint";
-    let required =
-        options.is_some_and(|o| o.backend == BackendChoice::CudaCheckpoint) || !driver_api;
+    let required = options
+        .is_some_and(|o| o.backend == BackendChoice::Only(BackendKind::CudaCheckpoint))
+        || !driver_api;
     let why_needed = if driver_api {
         "the options file says backend=cuda-checkpoint"
     } else {
@@ -691,7 +693,7 @@ fn custom_storage_in_use(d: &DriverFacts, options: Option<&Options>) -> bool {
     available
         && o.custom_storage != CustomStorage::Off
         && !o.no_guardian
-        && o.backend != BackendChoice::CudaCheckpoint
+        && o.backend != BackendChoice::Only(BackendKind::CudaCheckpoint)
 }
 
 /// `MemAvailable` of ROOT/proc/meminfo, bytes.

@@ -183,16 +183,13 @@ pub fn c_plugins(workspace: &Path) -> Vec<(String, PathBuf)> {
 /// # Errors
 /// No C plugin was built, or one listed is missing.
 pub fn standard_columns(workspace: &Path) -> Result<Vec<Column>, String> {
-    let mut cols = vec![
-        Column {
-            heading: "criu-cuda (driver API)".to_owned(),
-            plugin: PluginUnderTest::ours_with_backend("driver-api"),
-        },
-        Column {
-            heading: "criu-cuda (cuda-checkpoint)".to_owned(),
-            plugin: PluginUnderTest::ours_with_backend("cuda-checkpoint"),
-        },
-    ];
+    let mut cols: Vec<Column> = cuda_plugin::backend::registry::BACKENDS
+        .iter()
+        .map(|b| Column {
+            heading: format!("criu-cuda ({})", b.title),
+            plugin: PluginUnderTest::ours_with_backend(b.name),
+        })
+        .collect();
     let c = c_plugins(workspace);
     if c.is_empty() {
         return Err("no C plugin was built: run `bash scripts/fetch-criu.sh --c-plugin`".into());

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 /// The kind of bad day a case is, for the soak's figures; `None`: not a soak fault.
 #[must_use]
 pub fn kind(c: &Case) -> Option<&'static str> {
-    let cli = c.call.starts_with("cuda-checkpoint");
+    let cli = sweep::is_program_call(c.call);
     match c.fault {
         Fault::Crash if cli => Some("utility killed"),
         Fault::Crash => Some("helper killed"),

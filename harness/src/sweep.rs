@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 
 use crate::runner::{Artifacts, Verdict};
 use crate::scenario::Scenario;
+use cuda_plugin::backend::registry::{backend_of_call, Facts, BACKENDS};
 
 /// The longest a faulted step may take before it counts as a hang (and is killed).
 pub const STEP_LIMIT: Duration = Duration::from_secs(20);
@@ -104,7 +105,7 @@ pub fn codes_for(call: &str, full: bool) -> Vec<&'static str> {
     if full {
         return CODES.to_vec();
     }
-    let targetless = GLOBAL_CALLS.contains(&call) || call == "cuda-checkpoint:help";
+    let targetless = targetless_calls().any(|c| c == call);
     if targetless {
         return vec![CODE_GROUPS[3][0]];
     }
@@ -116,15 +117,29 @@ fn representative(code: &str, full: bool) -> bool {
     full || CODE_GROUPS.iter().any(|g| g[0] == code)
 }
 
-/// Driver calls that name a target process.
-pub const TASK_CALLS: &[&str] = &[
-    "cuCheckpointProcessGetRestoreThreadId",
-    "cuCheckpointProcessGetState",
-    "cuCheckpointProcessLock",
-    "cuCheckpointProcessCheckpoint",
-    "cuCheckpointProcessRestore",
-    "cuCheckpointProcessUnlock",
-];
+/// The calls that name a target task, every backend's ([`BACKENDS`]: the driver's
+/// `cuCheckpointProcess*` entry points, then `cuda-checkpoint`'s actions), in their order.
+pub fn task_calls() -> impl Iterator<Item = &'static str> {
+    BACKENDS.iter().flat_map(Facts::task_calls)
+}
+
+/// The calls without a target: the driver's [`GLOBAL_CALLS`] (which every backend needs: the
+/// GPU enumeration), then the probe of each backend that is a program of its own.
+pub fn targetless_calls() -> impl Iterator<Item = &'static str> {
+    GLOBAL_CALLS.iter().copied().chain(
+        BACKENDS
+            .iter()
+            .filter(|b| b.is_program)
+            .map(|b| b.probe_call),
+    )
+}
+
+/// Whether `call` runs a program of its own (a backend's utility), which can crash or print
+/// garbage by itself.
+#[must_use]
+pub fn is_program_call(call: &str) -> bool {
+    backend_of_call(call).is_some_and(|b| b.is_program)
+}
 
 /// Driver calls without a target (initialisation and GPU enumeration).
 pub const GLOBAL_CALLS: &[&str] = &[
@@ -135,16 +150,6 @@ pub const GLOBAL_CALLS: &[&str] = &[
     "cuDeviceGetUuid_v2",
     "cuDeviceGetName",
     "cuDeviceTotalMem",
-];
-
-/// `cuda-checkpoint` invocations that name a target process.
-pub const CLI_TASK_CALLS: &[&str] = &[
-    "cuda-checkpoint:get-restore-tid",
-    "cuda-checkpoint:get-state",
-    "cuda-checkpoint:lock",
-    "cuda-checkpoint:checkpoint",
-    "cuda-checkpoint:restore",
-    "cuda-checkpoint:unlock",
 ];
 
 /// The phase whose calls are faulted.
@@ -407,7 +412,7 @@ pub struct Case {
 
 impl Case {
     fn cli(&self) -> bool {
-        self.call.starts_with("cuda-checkpoint")
+        is_program_call(self.call)
     }
 
     /// Which matching call fires: the rollback's GetState is the task's second.
@@ -524,8 +529,8 @@ pub fn cases(full: bool) -> Vec<Case> {
             &[Phase::Dump]
         }
     };
-    for &call in TASK_CALLS.iter().chain(CLI_TASK_CALLS) {
-        let cli = call.starts_with("cuda-checkpoint");
+    for call in task_calls() {
+        let cli = is_program_call(call);
         for &phase in phases_of(call) {
             // The rollback puts back t1 (checkpointed) after t2's checkpoint failed.
             let targets: &[Target] = if phase == Phase::Rollback {
@@ -556,8 +561,8 @@ pub fn cases(full: bool) -> Vec<Case> {
         }
     }
     // Calls without a target: at dump and at restore.
-    for &call in GLOBAL_CALLS.iter().chain(&["cuda-checkpoint:help"]) {
-        let cli = call.starts_with("cuda-checkpoint");
+    for call in targetless_calls() {
+        let cli = is_program_call(call);
         for phase in [Phase::Dump, Phase::Restore] {
             let mut kinds: Vec<Fault> = codes_for(call, full)
                 .into_iter()
@@ -1109,23 +1114,13 @@ mod tests {
 
     /// The backend and operation of a call the sweep faults.
     fn op_of(call: &str) -> (BackendKind, Op) {
-        let backend = if call.starts_with("cuda-checkpoint") {
-            BackendKind::CudaCheckpoint
-        } else {
-            BackendKind::DriverApi
-        };
-        let op = match () {
-            _ if call.ends_with("GetRestoreThreadId") || call.ends_with(":get-restore-tid") => {
-                Op::GetRestoreTid
-            }
-            _ if call.ends_with("GetState") || call.ends_with(":get-state") => Op::GetState,
-            _ if call.ends_with("Unlock") || call.ends_with(":unlock") => Op::Unlock,
-            _ if call.ends_with("Lock") || call.ends_with(":lock") => Op::Lock,
-            _ if call.ends_with("Checkpoint") || call.ends_with(":checkpoint") => Op::Checkpoint,
-            _ if call.ends_with("Restore") || call.ends_with(":restore") => Op::Restore,
-            _ => Op::Init,
-        };
-        (backend, op)
+        let b = backend_of_call(call).unwrap_or(&cuda_plugin::backend::registry::DRIVER_API);
+        let op = b
+            .calls
+            .iter()
+            .find(|(_, c)| *c == call)
+            .map_or(Op::Init, |(op, _)| *op);
+        (b.kind, op)
     }
 
     /// The plugin's own error mapping proves the grouping: within a group, every code gets the
@@ -1148,7 +1143,7 @@ mod tests {
             let one = c.iter().all(|x| *x == c[0]);
             (op, c, one)
         };
-        for call in TASK_CALLS.iter().chain(CLI_TASK_CALLS) {
+        for call in task_calls() {
             for g in CODE_GROUPS {
                 let (op, c, one) = classes(call, g);
                 assert_ne!(op, Op::Init, "{call}");
@@ -1158,7 +1153,7 @@ mod tests {
                 );
             }
         }
-        for call in GLOBAL_CALLS.iter().chain(&["cuda-checkpoint:help"]) {
+        for call in targetless_calls() {
             let (op, c, one) = classes(call, CODES);
             assert_eq!(op, Op::Init, "{call}");
             assert!(one, "{call}: {c:?}");
@@ -1167,7 +1162,7 @@ mod tests {
         // The groups are not finer than they need be for the calls that tell codes apart: each
         // group has a class no other group has for some call.
         for (i, g) in CODE_GROUPS.iter().enumerate() {
-            let distinct = TASK_CALLS.iter().chain(CLI_TASK_CALLS).any(|call| {
+            let distinct = task_calls().any(|call| {
                 let (backend, op) = op_of(call);
                 let mine = FailureClass::of(backend, op, code(g[0]));
                 CODE_GROUPS

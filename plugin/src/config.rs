@@ -269,6 +269,7 @@ fn parse_line(line: &str) -> Result<Option<String>, LineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::BackendKind;
     use crate::options::{BackendChoice, Options, RestoreFailure, TimeoutOption};
     use proptest::prelude::*;
 
@@ -286,7 +287,7 @@ mod tests {
              --cuda_plugin.cuda-checkpoint=/opt/nvidia tools/cuda-checkpoint\n\
              on-restore-failure=leave",
         );
-        assert_eq!(o.backend, BackendChoice::CudaCheckpoint);
+        assert_eq!(o.backend, BackendChoice::Only(BackendKind::CudaCheckpoint));
         assert_eq!(o.timeout, Some(TimeoutOption::Seconds(30)));
         assert_eq!(
             o.cuda_checkpoint.as_deref(),

@@ -29,6 +29,7 @@
 //! `cuda_plugin.*` name, a missing `=VALUE` or an invalid value is an error naming the option and
 //! the allowed values (and, in the file, the file and the line); `init` then fails.
 
+use crate::backend::BackendKind;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,35 +43,35 @@ pub const ENV_OPTIONS: &str = "CRIU_PLUGIN_OPTIONS";
 /// Which backend talks to the driver (`backend=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// Driver API when supported, else `cuda-checkpoint` (only when the driver is *unsupported*).
+    /// The first backend of [`crate::backend::registry::BACKENDS`] that is supported here (the
+    /// driver API, else `cuda-checkpoint`; only when the earlier one is *unsupported*).
     #[default]
     Auto,
-    /// `libcuda.so.1`'s `cuCheckpointProcess*` entry points, or fail.
-    DriverApi,
-    /// The `cuda-checkpoint` utility, or fail.
-    CudaCheckpoint,
+    /// This backend, or fail.
+    Only(BackendKind),
 }
 
 impl BackendChoice {
     /// Every accepted spelling, for messages.
-    pub const ALLOWED: &'static str = "auto, driver-api, cuda-checkpoint";
+    #[must_use]
+    pub fn allowed() -> &'static str {
+        static ALLOWED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        ALLOWED.get_or_init(|| format!("auto, {}", BackendKind::names()))
+    }
 
     /// The option spelling.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             BackendChoice::Auto => "auto",
-            BackendChoice::DriverApi => "driver-api",
-            BackendChoice::CudaCheckpoint => "cuda-checkpoint",
+            BackendChoice::Only(k) => k.facts().name,
         }
     }
 
     fn parse(v: &str) -> Option<Self> {
         match v {
             "auto" => Some(BackendChoice::Auto),
-            "driver-api" => Some(BackendChoice::DriverApi),
-            "cuda-checkpoint" => Some(BackendChoice::CudaCheckpoint),
-            _ => None,
+            other => BackendKind::from_name(other).map(BackendChoice::Only),
         }
     }
 }
@@ -586,9 +587,9 @@ fn parse_dyn(args: &mut dyn Iterator<Item = &str>) -> Result<Options, OptionErro
         };
         match name {
             "backend" => {
-                let v = need(BackendChoice::ALLOWED)?;
+                let v = need(BackendChoice::allowed())?;
                 o.backend =
-                    BackendChoice::parse(v).ok_or_else(|| invalid(BackendChoice::ALLOWED, v))?;
+                    BackendChoice::parse(v).ok_or_else(|| invalid(BackendChoice::allowed(), v))?;
             }
             "device-map" => o.device_map = Some(need(DEVICE_MAP_ALLOWED)?.to_owned()),
             "timeout" => {
@@ -665,8 +666,8 @@ pub(crate) mod tests_support {
         (
             prop_oneof![
                 Just(BackendChoice::Auto),
-                Just(BackendChoice::DriverApi),
-                Just(BackendChoice::CudaCheckpoint)
+                Just(BackendChoice::Only(BackendKind::DriverApi)),
+                Just(BackendChoice::Only(BackendKind::CudaCheckpoint))
             ],
             proptest::option::of("[A-Za-z0-9=,:-]{0,60}"),
             proptest::option::of(prop_oneof![
@@ -782,7 +783,7 @@ mod tests {
         ]);
         let (o, src) = collect(Some(&argv), Some("cuda_plugin.backend=auto"), None).unwrap();
         assert_eq!(src.run, OptionSource::Host);
-        assert_eq!(o.backend, BackendChoice::DriverApi);
+        assert_eq!(o.backend, BackendChoice::Only(BackendKind::DriverApi));
         assert_eq!(o.timeout, Some(TimeoutOption::Disabled));
         assert_eq!(o.effective_timeout(Some(10)), None, "timeout=0 means none");
         assert_eq!(o.cuda_checkpoint, Some(PathBuf::from("/opt/cc")));
@@ -794,7 +795,7 @@ mod tests {
         let env = "  --cuda_plugin.backend=cuda-checkpoint\tcuda_plugin.timeout=7 other.y ";
         let (o, src) = collect(Some(&argv), Some(env), None).unwrap();
         assert_eq!(src.run, OptionSource::Environment);
-        assert_eq!(o.backend, BackendChoice::CudaCheckpoint);
+        assert_eq!(o.backend, BackendChoice::Only(BackendKind::CudaCheckpoint));
         assert_eq!(o.effective_timeout(None), Some(Duration::from_secs(7)));
         let (_, src) = collect(None, Some(env), None).unwrap();
         assert_eq!(src.run, OptionSource::Environment, "host lacks the service");
@@ -817,7 +818,7 @@ mod tests {
         ]);
         // The file alone.
         let (o, src) = collect(None, None, Some(f.as_options())).unwrap();
-        assert_eq!(o.backend, BackendChoice::CudaCheckpoint);
+        assert_eq!(o.backend, BackendChoice::Only(BackendKind::CudaCheckpoint));
         assert_eq!(o.timeout, Some(TimeoutOption::Seconds(30)));
         assert_eq!(src.to_string(), "/etc/criu/cuda_plugin.conf");
         // CRIU_PLUGIN_OPTIONS overrides the timeout only.
@@ -825,7 +826,7 @@ mod tests {
         assert_eq!(o.timeout, Some(TimeoutOption::Seconds(5)), "the run wins");
         assert_eq!(
             o.backend,
-            BackendChoice::CudaCheckpoint,
+            BackendChoice::Only(BackendKind::CudaCheckpoint),
             "the file's backend stays"
         );
         assert_eq!(o.cuda_checkpoint, Some(PathBuf::from("/opt/cc")));
@@ -841,7 +842,7 @@ mod tests {
             Some(f.as_options()),
         )
         .unwrap();
-        assert_eq!(o.backend, BackendChoice::DriverApi);
+        assert_eq!(o.backend, BackendChoice::Only(BackendKind::DriverApi));
         assert_eq!(
             o.timeout,
             Some(TimeoutOption::Seconds(30)),
@@ -856,7 +857,10 @@ mod tests {
         let (o, src) = collect(None, Some("amdgpu.x=1"), Some(f.as_options())).unwrap();
         assert_eq!(
             (o.backend, src.run),
-            (BackendChoice::CudaCheckpoint, OptionSource::None)
+            (
+                BackendChoice::Only(BackendKind::CudaCheckpoint),
+                OptionSource::None
+            )
         );
         // An error in the run's options is the run's, even with a valid file.
         let e = collect(None, Some("cuda_plugin.timeout=soon"), Some(f.as_options())).unwrap_err();

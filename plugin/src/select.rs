@@ -18,6 +18,7 @@
 
 use crate::backend::cli::CliProbe;
 use crate::backend::driver::DriverProbe;
+use crate::backend::BackendKind;
 use crate::options::BackendChoice;
 use abi::CUresult;
 use std::fmt;
@@ -36,6 +37,17 @@ pub enum Selected {
         program: PathBuf,
         device_map: bool,
     },
+}
+
+impl Selected {
+    /// Which backend it is.
+    #[must_use]
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Selected::Driver { .. } => BackendKind::DriverApi,
+            Selected::Cli { .. } => BackendKind::CudaCheckpoint,
+        }
+    }
 }
 
 impl fmt::Debug for Selected {
@@ -130,11 +142,13 @@ pub fn select(
         DriverProbe::Error(r) => Err(SelectError::DriverProbe(r)),
     };
     match choice {
-        BackendChoice::DriverApi => match from_driver(driver())? {
+        BackendChoice::Only(BackendKind::DriverApi) => match from_driver(driver())? {
             Ok(s) => Ok(Selection::Use(s)),
             Err(r) => Err(SelectError::DriverUnsupported(r)),
         },
-        BackendChoice::CudaCheckpoint => use_cli(cli(), need_device_map).map(Selection::Use),
+        BackendChoice::Only(BackendKind::CudaCheckpoint) => {
+            use_cli(cli(), need_device_map).map(Selection::Use)
+        }
         BackendChoice::Auto => match from_driver(driver())? {
             Ok(s) => Ok(Selection::Use(s)),
             Err(driver_reason) => match cli() {
@@ -228,10 +242,12 @@ mod tests {
             }
         };
         match choice {
-            BackendChoice::DriverApi if driver_ok => Want::Driver,
-            BackendChoice::DriverApi if driver_error => Want::Fail("DriverProbe"),
-            BackendChoice::DriverApi => Want::Fail("DriverUnsupported"),
-            BackendChoice::CudaCheckpoint => cli_outcome(),
+            BackendChoice::Only(BackendKind::DriverApi) if driver_ok => Want::Driver,
+            BackendChoice::Only(BackendKind::DriverApi) if driver_error => {
+                Want::Fail("DriverProbe")
+            }
+            BackendChoice::Only(BackendKind::DriverApi) => Want::Fail("DriverUnsupported"),
+            BackendChoice::Only(BackendKind::CudaCheckpoint) => cli_outcome(),
             BackendChoice::Auto if driver_ok => Want::Driver,
             BackendChoice::Auto if driver_error => Want::Fail("DriverProbe"),
             BackendChoice::Auto if matches!(cli, Cli::Absent | Cli::Old) => Want::None,
@@ -271,8 +287,8 @@ mod tests {
         let mut n = 0;
         for choice in [
             BackendChoice::Auto,
-            BackendChoice::DriverApi,
-            BackendChoice::CudaCheckpoint,
+            BackendChoice::Only(BackendKind::DriverApi),
+            BackendChoice::Only(BackendKind::CudaCheckpoint),
         ] {
             for lib in libs {
                 for cli in clis {
@@ -305,14 +321,14 @@ mod tests {
                             driver_probed.get() <= 1 && cli_probed.get() <= 1,
                             "{case}: each probe at most once"
                         );
-                        if choice == BackendChoice::CudaCheckpoint {
+                        if choice == BackendChoice::Only(BackendKind::CudaCheckpoint) {
                             assert_eq!(
                                 driver_probed.get(),
                                 0,
                                 "{case}: explicit CLI never loads libcuda"
                             );
                         }
-                        if choice == BackendChoice::DriverApi
+                        if choice == BackendChoice::Only(BackendKind::DriverApi)
                             || got == Want::Driver
                             || got == Want::Fail("DriverProbe")
                         {
@@ -333,7 +349,7 @@ mod tests {
     #[test]
     fn reasons_reach_the_error_text() {
         let e = select(
-            BackendChoice::DriverApi,
+            BackendChoice::Only(BackendKind::DriverApi),
             false,
             || driver_probe(Lib::Version(12080)),
             || unreachable!(),

@@ -19,6 +19,9 @@
 pub mod cli;
 pub mod drive;
 pub mod driver;
+pub mod registry;
+
+pub use registry::BackendKind;
 
 use abi::{CUprocessState, CUresult, GpuUuid};
 use std::fmt;
@@ -28,22 +31,6 @@ pub use crate::task::{Pid, Tid};
 
 /// A GPU remapping for restore: (GPU at dump time, GPU to restore onto).
 pub type GpuPair = (GpuUuid, GpuUuid);
-
-/// Which backend is in use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    DriverApi,
-    CudaCheckpoint,
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendKind::DriverApi => "driver-api",
-            BackendKind::CudaCheckpoint => "cuda-checkpoint",
-        })
-    }
-}
 
 /// One backend operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -274,7 +274,9 @@ pub fn start(ctx: &InitContext, svc: &mut dyn InitServices) -> Result<Start, Plu
     // overlapping rounds, so their sum would not be bounded by it.
     // (Said only when parallel= was given: by default it is simply one at a time then.)
     let mut parallel = options.parallel.width();
-    if parallel > 1 && options.no_guardian && matches!(selected, Selected::Driver { .. }) {
+    let overlap = selected.kind().facts().overlap;
+    if parallel > 1 && options.no_guardian && overlap == crate::backend::registry::Overlap::Threads
+    {
         parallel = 1;
         if options.parallel != crate::options::Parallel::Unset {
             notes.push(
@@ -324,7 +326,9 @@ fn custom_storage(
     let mode = options.custom_storage;
     // Why it cannot work here, if it cannot.
     let blocker = match selected {
-        Selected::Cli { .. } => Some("the cuda-checkpoint backend has no custom storage".to_owned()),
+        s if !s.kind().facts().custom_storage => {
+            Some(format!("the {} backend has no custom storage", s.kind()))
+        }
         Selected::Driver {
             custom_storage: false,
             version,
@@ -342,7 +346,7 @@ fn custom_storage(
             "CRIU's image streamer (--stream) takes one stream, and custom storage writes files in parallel"
                 .to_owned(),
         ),
-        Selected::Driver { .. } => None,
+        _ => None,
     };
     if ctx.stage == Stage::RESTORE {
         let records: Vec<(Pid, crate::image::CustomRecord)> = restore_tasks
@@ -601,6 +605,7 @@ pub fn build_backend(
 mod tests {
     use super::*;
     use crate::backend::driver::tests::FakeDriver;
+    use crate::backend::BackendKind;
     use crate::host::{Criu, FreezeAlarm, HostError, Level};
     use crate::inventory::GpuInfo;
     use crate::machine::Machine;
@@ -967,7 +972,10 @@ mod tests {
         let Start::Enabled(plan) = start(&c, &mut svc).unwrap() else {
             panic!()
         };
-        assert_eq!(plan.options.backend, BackendChoice::CudaCheckpoint);
+        assert_eq!(
+            plan.options.backend,
+            BackendChoice::Only(BackendKind::CudaCheckpoint)
+        );
         assert!(matches!(plan.selected, Selected::Cli { .. }));
         assert_eq!(svc.driver_probes, 0, "explicit CLI never loads libcuda");
         assert_eq!(plan.cfg.timeout, Some(Duration::from_secs(3)));
@@ -1214,7 +1222,10 @@ mod tests {
         let Start::Enabled(plan) = start(&c, &mut svc).unwrap() else {
             panic!()
         };
-        assert_eq!(plan.options.backend, BackendChoice::CudaCheckpoint);
+        assert_eq!(
+            plan.options.backend,
+            BackendChoice::Only(BackendKind::CudaCheckpoint)
+        );
         assert!(
             plan.notes[0].starts_with(
                 "options from /usr/lib/criu/cuda_plugin.conf: backend=cuda-checkpoint"
