@@ -1,39 +1,40 @@
 //! The messages between the plugin in CRIU and its helper process, one message per
-//! `SOCK_SEQPACKET` record, in a compact binary form (see [`Wire`]). Both ends are the same build
-//! of the same library (the helper is a fork of CRIU that never execs), so there is no version
-//! skew to negotiate: the helper's [`FromAgent::Hello`] is the whole handshake, and a message
-//! that does not decode is a bug, reported as such ([`DecodeError`]).
+//! `SOCK_SEQPACKET` record, in [postcard]'s compact binary form, derived with serde. Both ends
+//! are the same build of the same library (the helper is a fork of CRIU that never execs), so
+//! there is no version skew to negotiate and the protocol carries no version number: the
+//! helper's [`FromAgent::Hello`] is the whole handshake, and a message that does not decode is
+//! a bug, reported as such ([`DecodeError`]).
 //!
-//! # Why the format is hand-written
+//! # The format
 //!
-//! The messages were first JSON (serde and serde_json), which added about 140 KB of code to a
-//! plugin that then had to ship under 1 MB (138 KB on x86_64, 126 KB on aarch64; the limit in
-//! `scripts/check-dist.sh` is 1.5 MB now),
-//! for a protocol that is private between two copies of one `.so`: it needs no
-//! self-description, no schema evolution and no versioning across builds. So each type here
-//! writes and reads itself ([`Wire`]):
+//! Postcard's (its specification is the "postcard wire format" of its documentation): an enum
+//! is its variant's index (from 0 in declaration order) and then the variant's fields; a struct
+//! or tuple is its fields in order; unsigned integers are varints (7 bits a byte, low first),
+//! signed ones zigzag varints; an `f64` is its 8 bytes little-endian (a NaN keeps its bits); a
+//! `bool` is one byte, 0 or 1; `Option` is 0 or 1 and the value, `Result` 0 (`Ok`) or 1 (`Err`)
+//! and the value; a string, a list and a path (its bytes, not necessarily UTF-8) are a varint
+//! length and the contents; a UUID is its 16 bytes; a `Duration`
+//! is its seconds and nanoseconds.
 //!
-//! * an enum is a tag byte (its variant, numbered from 0 in declaration order) and then the
-//!   variant's fields; a struct is its fields in declaration order;
-//! * integers are fixed-width little-endian (`u32`, `i32`, `u64`); an `f64` is its IEEE-754 bits
-//!   as a `u64`; a `bool` is one byte, 0 or 1;
-//! * `Option` and `Result` are a tag byte (`None`/`Ok` 0, `Some`/`Err` 1) and the value;
-//! * a string, a path (its bytes, not necessarily UTF-8) and a `Vec` are a `u32` length (bytes,
-//!   or items) and the contents; a UUID is its 16 bytes.
+//! [`decode`] refuses a message longer than [`MAX_LEN`] (the channel's own limit), one that
+//! ends early, has bytes left over or is not the one encoding [`encode`] gives its value (a
+//! varint with needless continuation bytes, a `Duration` with 10^9 nanoseconds or more), and
+//! never panics on any input (the tests feed it arbitrary and mutated bytes). It allocates in
+//! proportion to the message: postcard reads lengths from a slice, a string's bytes must be
+//! there, and a list whose length is more than the bytes left gets no room reserved up front.
 //!
-//! Decoding checks every read against what is left, refuses a length above [`MAX_LEN`], a tag it
-//! does not know, a string that is not UTF-8 and bytes left over after the message, and never
-//! panics on any input (the tests feed it arbitrary and mutated bytes).
+//! [postcard]: https://docs.rs/postcard
 
 use crate::backend::driver::{DriverCall, DriverReply};
 use crate::inventory::GpuInfo;
 use crate::nvml::{GpuMemory, Snapshot};
 use crate::task::Pid;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// CRIU → helper.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToAgent {
     /// Run `call`; the answer is a [`FromAgent::Reply`] with the same `id`. `deadline` is how
     /// long CRIU waits for it (the guardian waits that long for a call in flight when CRIU dies).
@@ -59,7 +60,7 @@ pub enum ToAgent {
 }
 
 /// A request that has an answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Call {
     /// Load `libcuda.so.1`, read the driver version and, with `call_init`, call `cuInit(0)`.
     Probe { call_init: bool },
@@ -74,7 +75,7 @@ pub enum Call {
 }
 
 /// One task's custom-storage operation, as the copier carries it out.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CustomJob {
     /// Checkpoint (true) or restore (false).
     pub checkpoint: bool,
@@ -91,7 +92,7 @@ pub struct CustomJob {
 }
 
 /// One GPU of a finished custom-storage operation, in file order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CustomGpu {
     /// The GPU at dump (the file's).
     pub uuid: [u8; 16],
@@ -108,7 +109,7 @@ pub struct CustomGpu {
 }
 
 /// Helper → CRIU.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum FromAgent {
     /// The first message: the helper runs, with this pid.
     Hello { pid: Pid },
@@ -119,7 +120,7 @@ pub enum FromAgent {
 }
 
 /// An answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
     Probe(ProbeReply),
     Driver(DriverReply),
@@ -132,7 +133,7 @@ pub enum Reply {
 }
 
 /// The driver probe's outcome (see [`crate::backend::driver::probe_driver`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProbeReply {
     Supported {
         version: i32,
@@ -145,7 +146,7 @@ pub enum ProbeReply {
 }
 
 /// [`GpuInfo`] on the wire.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireGpu {
     pub ordinal: u32,
     pub uuid: [u8; 16],
@@ -176,7 +177,7 @@ impl From<WireGpu> for GpuInfo {
 }
 
 /// One GPU of a [`WireSnapshot`] ([`GpuMemory`] on the wire).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireGpuMemory {
     pub uuid: [u8; 16],
     /// Total and free bytes.
@@ -189,7 +190,7 @@ pub struct WireGpuMemory {
 }
 
 /// [`Snapshot`] on the wire: per GPU (UUID, total, free, processes, MIG mode).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireSnapshot {
     pub gpus: Vec<WireGpuMemory>,
 }
@@ -231,23 +232,27 @@ impl From<WireSnapshot> for Snapshot {
 }
 
 /// Which CRIU operation the guardian watches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GuardStage {
     Dump,
     Restore,
 }
 
 /// How the guardian drives a task itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GuardBackend {
     /// The driver API, from the helper's own copy of `libcuda.so.1`.
     DriverApi,
     /// The `cuda-checkpoint` utility at `program`.
-    Cli { program: PathBuf, device_map: bool },
+    Cli {
+        #[serde(with = "path_bytes")]
+        program: PathBuf,
+        device_map: bool,
+    },
 }
 
 /// The guardian's settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GuardConfig {
     pub stage: GuardStage,
     pub backend: GuardBackend,
@@ -261,7 +266,7 @@ pub struct GuardConfig {
 }
 
 /// A task the guardian may have to put back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tracked {
     pub pid: Pid,
     /// The CUDA state to drive it to (`CUprocessState`): its state when the dump started.
@@ -273,7 +278,7 @@ pub struct Tracked {
 }
 
 /// How the plugin's work ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FinishMode {
     /// Everything is as it should be: exit now.
     Done,
@@ -284,781 +289,150 @@ pub enum FinishMode {
     WatchTasks,
 }
 
-/// The longest string, path or list a message may hold (bytes, or items): the channel's own
-/// limit on a whole message ([`crate::ffi::agent::MAX_MESSAGE`]).
+/// The longest message (bytes) [`decode`] takes: the channel's own limit
+/// ([`crate::ffi::agent::MAX_MESSAGE`]), which also bounds every string, path and list in one.
 pub const MAX_LEN: usize = crate::ffi::agent::MAX_MESSAGE;
 
-/// Why a message did not decode. `at` is the byte offset in the message where the malformed part
-/// starts.
+/// A message of the protocol (what [`encode`] and [`decode`] take): the two directions.
+pub trait Wire: Serialize + for<'de> Deserialize<'de> {
+    /// The type's name, for [`DecodeError`].
+    const NAME: &'static str;
+}
+
+impl Wire for ToAgent {
+    const NAME: &'static str = "ToAgent";
+}
+
+impl Wire for FromAgent {
+    const NAME: &'static str = "FromAgent";
+}
+
+/// Why a message did not decode. `what` is the message's type ([`Wire::NAME`]); `at` is how
+/// many of its bytes decoding had read when it stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    /// A tag byte (an enum's variant, `Option`, `Result`, `bool`) that `what` does not have.
-    #[error("undecodable message from the other side: unknown {what} tag {tag} at byte {at}")]
-    UnknownTag {
-        what: &'static str,
-        tag: u8,
-        at: usize,
-    },
-    /// The message ends inside `what`.
+    /// The message is longer than [`MAX_LEN`].
     #[error(
-        "undecodable message from the other side: it ends inside {what} at byte {at} \
-         ({need} bytes needed, {left} left)"
+        "undecodable message from the other side: a {what} of {len} bytes, over the limit of \
+         {MAX_LEN}"
     )]
-    Truncated {
-        what: &'static str,
-        at: usize,
-        need: usize,
-        left: usize,
-    },
-    /// The message goes on after its last field.
+    TooLong { what: &'static str, len: usize },
+    /// The message ends inside a value.
     #[error(
-        "undecodable message from the other side: {count} bytes left over \
-         after the message's {at}"
+        "undecodable message from the other side: the {what} ends inside a value, at byte {at}"
     )]
-    TrailingBytes { at: usize, count: usize },
-    /// A string that is not UTF-8.
-    #[error("undecodable message from the other side: {what} at byte {at} is not UTF-8")]
-    InvalidUtf8 { what: &'static str, at: usize },
-    /// A length above [`MAX_LEN`].
+    Truncated { what: &'static str, at: usize },
+    /// A value that is not one (`error`: postcard's reason, such as a bool that is neither 0
+    /// nor 1, a string that is not UTF-8, or an enum variant the type does not have).
     #[error(
-        "undecodable message from the other side: {what} at byte {at} has length {len}, over \
-         the limit of {MAX_LEN}"
+        "undecodable message from the other side: the {what} has {} at byte {at}",
+        malformed(.error)
     )]
-    TooLong {
+    Malformed {
         what: &'static str,
         at: usize,
-        len: u32,
+        error: postcard::Error,
     },
+    /// The message goes on after its last value.
+    #[error(
+        "undecodable message from the other side: {count} bytes left over after the {what}'s \
+         {at}"
+    )]
+    TrailingBytes {
+        what: &'static str,
+        at: usize,
+        count: usize,
+    },
+    /// The message decodes, but is not the encoding [`encode`] gives its value (which the
+    /// other side, the same build, would have sent): it differs from byte `at` on.
+    #[error(
+        "undecodable message from the other side: the {what} is not in its one encoding (from \
+         byte {at} on)"
+    )]
+    NotCanonical { what: &'static str, at: usize },
+}
+
+/// What [`DecodeError::Malformed`] found, in words.
+fn malformed(e: &postcard::Error) -> String {
+    use postcard::Error as E;
+    match e {
+        E::DeserializeBadVarint => "a number longer than its type".into(),
+        E::DeserializeBadBool => "a bool that is neither 0 nor 1".into(),
+        E::DeserializeBadUtf8 => "a string that is not UTF-8".into(),
+        E::DeserializeBadOption => "an Option tag that is neither 0 nor 1".into(),
+        E::DeserializeBadEnum => "an enum variant above u32::MAX".into(),
+        // Serde's derived code reports a variant index the enum does not have (and a
+        // `Duration` whose seconds overflow) through a custom error, whose text postcard drops.
+        E::SerdeDeCustom => "a value out of range (an enum variant its type does not have)".into(),
+        e => format!("a value that is not one ({e})"),
+    }
 }
 
 /// Encodes a message.
 #[must_use]
 pub fn encode<T: Wire>(msg: &T) -> Vec<u8> {
-    let mut out = Vec::new();
-    msg.put(&mut out);
-    out
+    // Postcard fails to write into a Vec only for a sequence of unknown length or a value whose
+    // `Serialize` fails; no type here has either (the tests encode every variant). Were one
+    // added, the empty message would reach the other side as undecodable, not be misread.
+    postcard::to_stdvec(msg).unwrap_or_default()
 }
 
-/// Decodes a message: all of `bytes`, and nothing more.
+/// Decodes a message: all of `bytes`, and nothing more, in the encoding [`encode`] gives.
 pub fn decode<T: Wire>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let mut r = Reader { bytes, at: 0 };
-    let msg = T::take(&mut r)?;
-    match r.left() {
-        0 => Ok(msg),
-        count => Err(DecodeError::TrailingBytes { at: r.at, count }),
-    }
-}
-
-/// A type with a place in the wire format (see the [module docs](self)).
-pub trait Wire: Sized {
-    /// Appends the value's encoding to `out`.
-    fn put(&self, out: &mut Vec<u8>);
-    /// Reads a value from `r`, or says what is malformed.
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError>;
-}
-
-/// The bytes a message is decoded from, and how far decoding has got.
-#[derive(Debug)]
-pub struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn left(&self) -> usize {
-        self.bytes.len().saturating_sub(self.at)
-    }
-
-    /// The next `n` bytes, part of `what`.
-    fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
-        let rest = self.bytes.get(self.at..).unwrap_or_default();
-        let got = rest.get(..n).ok_or(DecodeError::Truncated {
+    let what = T::NAME;
+    if bytes.len() > MAX_LEN {
+        return Err(DecodeError::TooLong {
             what,
-            at: self.at,
-            need: n,
-            left: rest.len(),
-        })?;
-        self.at += n;
-        Ok(got)
+            len: bytes.len(),
+        });
     }
-
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
-        let at = self.at;
-        let b = self.bytes(N, what)?;
-        <[u8; N]>::try_from(b).map_err(|_| DecodeError::Truncated {
+    let mut de = postcard::Deserializer::from_bytes(bytes);
+    let msg = T::deserialize(&mut de);
+    // The slice flavour's finalize only hands back what is left; it cannot fail.
+    let left = de.finalize().map_or(0, <[u8]>::len);
+    let at = bytes.len().saturating_sub(left);
+    let msg = match msg {
+        Ok(m) => m,
+        Err(postcard::Error::DeserializeUnexpectedEnd) => {
+            return Err(DecodeError::Truncated { what, at });
+        }
+        Err(error) => return Err(DecodeError::Malformed { what, at, error }),
+    };
+    if left > 0 {
+        return Err(DecodeError::TrailingBytes {
             what,
             at,
-            need: N,
-            left: b.len(),
-        })
-    }
-
-    /// A tag byte of `what`, with the offset it was read at (for [`DecodeError::UnknownTag`]).
-    fn tag(&mut self, what: &'static str) -> Result<(u8, usize), DecodeError> {
-        let at = self.at;
-        let [t] = self.array::<1>(what)?;
-        Ok((t, at))
-    }
-
-    /// A length of `what` (bytes or items), at most [`MAX_LEN`] and, since every byte string
-    /// and every item here is at least one byte, at most what is left.
-    fn len(&mut self, what: &'static str) -> Result<usize, DecodeError> {
-        let at = self.at;
-        let len = u32::from_le_bytes(self.array(what)?);
-        let n = usize::try_from(len).unwrap_or(usize::MAX);
-        if n > MAX_LEN {
-            return Err(DecodeError::TooLong { what, at, len });
-        }
-        if n > self.left() {
-            return Err(DecodeError::Truncated {
-                what,
-                at: self.at,
-                need: n,
-                left: self.left(),
-            });
-        }
-        Ok(n)
-    }
-}
-
-fn unknown(what: &'static str, (tag, at): (u8, usize)) -> DecodeError {
-    DecodeError::UnknownTag { what, tag, at }
-}
-
-/// Writes a length (bytes or items). One above `u32::MAX` cannot be sent (the channel takes at
-/// most [`MAX_LEN`] bytes); it is written as `u32::MAX`, which the receiver refuses.
-fn put_len(out: &mut Vec<u8>, n: usize) {
-    out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
-}
-
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    put_len(out, b.len());
-    out.extend_from_slice(b);
-}
-
-macro_rules! wire_int {
-    ($($t:ty),*) => {$(
-        impl Wire for $t {
-            fn put(&self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
-            }
-            fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-                Ok(<$t>::from_le_bytes(r.array(stringify!($t))?))
-            }
-        }
-    )*};
-}
-wire_int!(u32, i32, u64);
-
-/// A duration as nanoseconds (`u64`: up to 584 years; a longer one is sent as that).
-impl Wire for Duration {
-    fn put(&self, out: &mut Vec<u8>) {
-        u64::try_from(self.as_nanos()).unwrap_or(u64::MAX).put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(Duration::from_nanos(u64::take(r)?))
-    }
-}
-
-impl Wire for f64 {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.to_bits().put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(f64::from_bits(u64::from_le_bytes(r.array("f64")?)))
-    }
-}
-
-impl Wire for bool {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.push(u8::from(*self));
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        match r.tag("bool")? {
-            (0, _) => Ok(false),
-            (1, _) => Ok(true),
-            t => Err(unknown("bool", t)),
-        }
-    }
-}
-
-impl Wire for [u8; 16] {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        r.array("UUID")
-    }
-}
-
-impl Wire for String {
-    fn put(&self, out: &mut Vec<u8>) {
-        put_bytes(out, self.as_bytes());
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let n = r.len("string")?;
-        let at = r.at;
-        let b = r.bytes(n, "string")?;
-        std::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError::InvalidUtf8 { what: "string", at })
-    }
-}
-
-impl Wire for PathBuf {
-    fn put(&self, out: &mut Vec<u8>) {
-        use std::os::unix::ffi::OsStrExt;
-        put_bytes(out, self.as_os_str().as_bytes());
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        use std::os::unix::ffi::OsStrExt;
-        let n = r.len("path")?;
-        let b = r.bytes(n, "path")?;
-        Ok(PathBuf::from(std::ffi::OsStr::from_bytes(b)))
-    }
-}
-
-impl<T: Wire> Wire for Option<T> {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            None => out.push(0),
-            Some(v) => {
-                out.push(1);
-                v.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        match r.tag("Option")? {
-            (0, _) => Ok(None),
-            (1, _) => T::take(r).map(Some),
-            t => Err(unknown("Option", t)),
-        }
-    }
-}
-
-impl<T: Wire, E: Wire> Wire for Result<T, E> {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            Ok(v) => {
-                out.push(0);
-                v.put(out);
-            }
-            Err(e) => {
-                out.push(1);
-                e.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        match r.tag("Result")? {
-            (0, _) => T::take(r).map(Ok),
-            (1, _) => E::take(r).map(Err),
-            t => Err(unknown("Result", t)),
-        }
-    }
-}
-
-// Every item type of a list here encodes in at least one byte (see `Reader::len`).
-impl<T: Wire> Wire for Vec<T> {
-    fn put(&self, out: &mut Vec<u8>) {
-        put_len(out, self.len());
-        for v in self {
-            v.put(out);
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let n = r.len("list")?;
-        (0..n).map(|_| T::take(r)).collect()
-    }
-}
-
-impl<A: Wire, B: Wire> Wire for (A, B) {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.0.put(out);
-        self.1.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok((A::take(r)?, B::take(r)?))
-    }
-}
-
-impl<A: Wire, B: Wire, C: Wire, D: Wire> Wire for (A, B, C, D) {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.0.put(out);
-        self.1.put(out);
-        self.2.put(out);
-        self.3.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok((A::take(r)?, B::take(r)?, C::take(r)?, D::take(r)?))
-    }
-}
-
-impl Wire for ToAgent {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            ToAgent::Call { id, deadline, call } => {
-                out.push(0);
-                id.put(out);
-                deadline.put(out);
-                call.put(out);
-            }
-            ToAgent::Configure(c) => {
-                out.push(1);
-                c.put(out);
-            }
-            ToAgent::Track(t) => {
-                out.push(2);
-                t.put(out);
-            }
-            ToAgent::Intent { pid, op } => {
-                out.push(3);
-                pid.put(out);
-                op.put(out);
-            }
-            ToAgent::Untrack { pid } => {
-                out.push(4);
-                pid.put(out);
-            }
-            ToAgent::Abandon { id } => {
-                out.push(5);
-                id.put(out);
-            }
-            ToAgent::Finish(m) => {
-                out.push(6);
-                m.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("ToAgent")? {
-            (0, _) => ToAgent::Call {
-                id: Wire::take(r)?,
-                deadline: Wire::take(r)?,
-                call: Wire::take(r)?,
-            },
-            (1, _) => ToAgent::Configure(Wire::take(r)?),
-            (2, _) => ToAgent::Track(Wire::take(r)?),
-            (3, _) => ToAgent::Intent {
-                pid: Wire::take(r)?,
-                op: Wire::take(r)?,
-            },
-            (4, _) => ToAgent::Untrack {
-                pid: Wire::take(r)?,
-            },
-            (5, _) => ToAgent::Abandon { id: Wire::take(r)? },
-            (6, _) => ToAgent::Finish(Wire::take(r)?),
-            t => return Err(unknown("ToAgent", t)),
-        })
-    }
-}
-
-impl Wire for Call {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            Call::Probe { call_init } => {
-                out.push(0);
-                call_init.put(out);
-            }
-            Call::Driver(c) => {
-                out.push(1);
-                c.put(out);
-            }
-            Call::Gpus => out.push(2),
-            Call::Nvml => out.push(3),
-            Call::Custom(j) => {
-                out.push(4);
-                j.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("Call")? {
-            (0, _) => Call::Probe {
-                call_init: Wire::take(r)?,
-            },
-            (1, _) => Call::Driver(Wire::take(r)?),
-            (2, _) => Call::Gpus,
-            (3, _) => Call::Nvml,
-            (4, _) => Call::Custom(Wire::take(r)?),
-            t => return Err(unknown("Call", t)),
-        })
-    }
-}
-
-impl Wire for DriverCall {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            DriverCall::Init => out.push(0),
-            DriverCall::RestoreTid(pid) => {
-                out.push(1);
-                pid.put(out);
-            }
-            DriverCall::State(pid) => {
-                out.push(2);
-                pid.put(out);
-            }
-            DriverCall::Lock { pid, timeout_ms } => {
-                out.push(3);
-                pid.put(out);
-                timeout_ms.put(out);
-            }
-            DriverCall::Checkpoint(pid) => {
-                out.push(4);
-                pid.put(out);
-            }
-            DriverCall::Restore { pid, pairs } => {
-                out.push(5);
-                pid.put(out);
-                pairs.put(out);
-            }
-            DriverCall::Unlock(pid) => {
-                out.push(6);
-                pid.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("DriverCall")? {
-            (0, _) => DriverCall::Init,
-            (1, _) => DriverCall::RestoreTid(Wire::take(r)?),
-            (2, _) => DriverCall::State(Wire::take(r)?),
-            (3, _) => DriverCall::Lock {
-                pid: Wire::take(r)?,
-                timeout_ms: Wire::take(r)?,
-            },
-            (4, _) => DriverCall::Checkpoint(Wire::take(r)?),
-            (5, _) => DriverCall::Restore {
-                pid: Wire::take(r)?,
-                pairs: Wire::take(r)?,
-            },
-            (6, _) => DriverCall::Unlock(Wire::take(r)?),
-            t => return Err(unknown("DriverCall", t)),
-        })
-    }
-}
-
-impl Wire for FromAgent {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            FromAgent::Hello { pid } => {
-                out.push(0);
-                pid.put(out);
-            }
-            FromAgent::Reply { id, reply } => {
-                out.push(1);
-                id.put(out);
-                reply.put(out);
-            }
-            FromAgent::Log { level, msg } => {
-                out.push(2);
-                level.put(out);
-                msg.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("FromAgent")? {
-            (0, _) => FromAgent::Hello {
-                pid: Wire::take(r)?,
-            },
-            (1, _) => FromAgent::Reply {
-                id: Wire::take(r)?,
-                reply: Wire::take(r)?,
-            },
-            (2, _) => FromAgent::Log {
-                level: Wire::take(r)?,
-                msg: Wire::take(r)?,
-            },
-            t => return Err(unknown("FromAgent", t)),
-        })
-    }
-}
-
-impl Wire for Reply {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            Reply::Probe(p) => {
-                out.push(0);
-                p.put(out);
-            }
-            Reply::Driver(d) => {
-                out.push(1);
-                d.put(out);
-            }
-            Reply::Gpus(g) => {
-                out.push(2);
-                g.put(out);
-            }
-            Reply::Nvml(n) => {
-                out.push(3);
-                n.put(out);
-            }
-            Reply::Panicked => out.push(4),
-            Reply::Custom(c) => {
-                out.push(5);
-                c.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("Reply")? {
-            (0, _) => Reply::Probe(Wire::take(r)?),
-            (1, _) => Reply::Driver(Wire::take(r)?),
-            (2, _) => Reply::Gpus(Wire::take(r)?),
-            (3, _) => Reply::Nvml(Wire::take(r)?),
-            (4, _) => Reply::Panicked,
-            (5, _) => Reply::Custom(Wire::take(r)?),
-            t => return Err(unknown("Reply", t)),
-        })
-    }
-}
-
-impl Wire for ProbeReply {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            ProbeReply::Supported {
-                version,
-                init,
-                custom_storage,
-            } => {
-                out.push(0);
-                version.put(out);
-                init.put(out);
-                custom_storage.put(out);
-            }
-            ProbeReply::Unsupported(why) => {
-                out.push(1);
-                why.put(out);
-            }
-            ProbeReply::Error(why) => {
-                out.push(2);
-                why.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("ProbeReply")? {
-            (0, _) => ProbeReply::Supported {
-                version: Wire::take(r)?,
-                init: Wire::take(r)?,
-                custom_storage: Wire::take(r)?,
-            },
-            (1, _) => ProbeReply::Unsupported(Wire::take(r)?),
-            (2, _) => ProbeReply::Error(Wire::take(r)?),
-            t => return Err(unknown("ProbeReply", t)),
-        })
-    }
-}
-
-impl Wire for CustomJob {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.checkpoint.put(out);
-        self.pid.put(out);
-        self.key.put(out);
-        self.dump_id.put(out);
-        self.pairs.put(out);
-        self.files.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(CustomJob {
-            checkpoint: Wire::take(r)?,
-            pid: Wire::take(r)?,
-            key: Wire::take(r)?,
-            dump_id: Wire::take(r)?,
-            pairs: Wire::take(r)?,
-            files: Wire::take(r)?,
-        })
-    }
-}
-
-impl Wire for CustomGpu {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.uuid.put(out);
-        self.bytes.put(out);
-        self.data.put(out);
-        self.fills.put(out);
-        self.micros.put(out);
-        self.direct.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(CustomGpu {
-            uuid: Wire::take(r)?,
-            bytes: Wire::take(r)?,
-            data: Wire::take(r)?,
-            fills: Wire::take(r)?,
-            micros: Wire::take(r)?,
-            direct: Wire::take(r)?,
-        })
-    }
-}
-
-impl Wire for DriverReply {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            DriverReply::Tid(t) => {
-                out.push(0);
-                t.put(out);
-            }
-            DriverReply::State(s) => {
-                out.push(1);
-                s.put(out);
-            }
-            DriverReply::Code(c) => {
-                out.push(2);
-                c.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("DriverReply")? {
-            (0, _) => DriverReply::Tid(Wire::take(r)?),
-            (1, _) => DriverReply::State(Wire::take(r)?),
-            (2, _) => DriverReply::Code(Wire::take(r)?),
-            t => return Err(unknown("DriverReply", t)),
-        })
-    }
-}
-
-impl Wire for WireGpu {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.ordinal.put(out);
-        self.uuid.put(out);
-        self.name.put(out);
-        self.memory_bytes.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(WireGpu {
-            ordinal: Wire::take(r)?,
-            uuid: Wire::take(r)?,
-            name: Wire::take(r)?,
-            memory_bytes: Wire::take(r)?,
-        })
-    }
-}
-
-impl Wire for WireGpuMemory {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.uuid.put(out);
-        self.total.put(out);
-        self.free.put(out);
-        self.processes.put(out);
-        self.mig.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(WireGpuMemory {
-            uuid: Wire::take(r)?,
-            total: Wire::take(r)?,
-            free: Wire::take(r)?,
-            processes: Wire::take(r)?,
-            mig: Wire::take(r)?,
-        })
-    }
-}
-
-impl Wire for WireSnapshot {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.gpus.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(WireSnapshot {
-            gpus: Wire::take(r)?,
-        })
-    }
-}
-
-impl Wire for GuardStage {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.push(match self {
-            GuardStage::Dump => 0,
-            GuardStage::Restore => 1,
+            count: left,
         });
     }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        match r.tag("GuardStage")? {
-            (0, _) => Ok(GuardStage::Dump),
-            (1, _) => Ok(GuardStage::Restore),
-            t => Err(unknown("GuardStage", t)),
-        }
+    // Postcard takes a varint with needless continuation bytes, and serde a `Duration` with a
+    // second's worth of nanoseconds or more: one value, several encodings. Only the one the
+    // other side writes is taken.
+    let again = encode(&msg);
+    if again != bytes {
+        let at = again
+            .iter()
+            .zip(bytes)
+            .position(|(a, b)| a != b)
+            .unwrap_or(again.len().min(bytes.len()));
+        return Err(DecodeError::NotCanonical { what, at });
     }
+    Ok(msg)
 }
 
-impl Wire for GuardBackend {
-    fn put(&self, out: &mut Vec<u8>) {
-        match self {
-            GuardBackend::DriverApi => out.push(0),
-            GuardBackend::Cli {
-                program,
-                device_map,
-            } => {
-                out.push(1);
-                program.put(out);
-                device_map.put(out);
-            }
-        }
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(match r.tag("GuardBackend")? {
-            (0, _) => GuardBackend::DriverApi,
-            (1, _) => GuardBackend::Cli {
-                program: Wire::take(r)?,
-                device_map: Wire::take(r)?,
-            },
-            t => return Err(unknown("GuardBackend", t)),
-        })
-    }
-}
+/// A path as its bytes (serde's own `PathBuf` refuses one that is not UTF-8): a varint length
+/// and the bytes, as a string.
+mod path_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    use std::path::{Path, PathBuf};
 
-impl Wire for GuardConfig {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.stage.put(out);
-        self.backend.put(out);
-        self.timeout.put(out);
-        self.copy_rate.put(out);
-        self.kill_on_restore_failure.put(out);
+    pub(super) fn serialize<S: Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+        p.as_os_str().as_bytes().serialize(s)
     }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(GuardConfig {
-            stage: Wire::take(r)?,
-            backend: Wire::take(r)?,
-            timeout: Wire::take(r)?,
-            copy_rate: Wire::take(r)?,
-            kill_on_restore_failure: Wire::take(r)?,
-        })
-    }
-}
 
-impl Wire for Tracked {
-    fn put(&self, out: &mut Vec<u8>) {
-        self.pid.put(out);
-        self.target.put(out);
-        self.bytes.put(out);
-        self.pairs.put(out);
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(Tracked {
-            pid: Wire::take(r)?,
-            target: Wire::take(r)?,
-            bytes: Wire::take(r)?,
-            pairs: Wire::take(r)?,
-        })
-    }
-}
-
-impl Wire for FinishMode {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.push(match self {
-            FinishMode::Done => 0,
-            FinishMode::WatchTasks => 1,
-        });
-    }
-    fn take(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        match r.tag("FinishMode")? {
-            (0, _) => Ok(FinishMode::Done),
-            (1, _) => Ok(FinishMode::WatchTasks),
-            t => Err(unknown("FinishMode", t)),
-        }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+        Vec::<u8>::deserialize(d).map(|b| PathBuf::from(std::ffi::OsString::from_vec(b)))
     }
 }
 
@@ -1309,31 +683,55 @@ mod tests {
 
     #[test]
     fn the_format_is_as_documented() {
-        assert_eq!(
-            encode(&ToAgent::Abandon { id: 0x0102 }),
-            [5, 2, 1, 0, 0, 0, 0, 0, 0]
-        );
+        // Variant 5, the id 0x0102 as a varint (0x82: the low 7 bits and "more"; then 0x02).
+        assert_eq!(encode(&ToAgent::Abandon { id: 0x0102 }), [5, 0x82, 0x02]);
+        // Variant 3, the pid -2 as a zigzag varint (3), the string's length and bytes.
         assert_eq!(
             encode(&ToAgent::Intent {
                 pid: -2,
                 op: "lock".into()
             }),
-            [3, 0xfe, 0xff, 0xff, 0xff, 4, 0, 0, 0, b'l', b'o', b'c', b'k']
+            [3, 3, 4, b'l', b'o', b'c', b'k']
         );
+        // Reply, id 1, Reply::Driver, DriverReply::Tid, Err, 3.
         assert_eq!(
             encode(&FromAgent::Reply {
                 id: 1,
                 reply: Reply::Driver(DriverReply::Tid(Err(3)))
             }),
-            [1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 3, 0, 0, 0]
+            [1, 1, 1, 0, 1, 3]
         );
+        // Call, id 2, no deadline, Call::Probe, true.
         assert_eq!(
             encode(&ToAgent::Call {
                 id: 2,
                 deadline: None,
                 call: Call::Probe { call_init: true }
             }),
-            [0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+            [0, 2, 0, 0, 1]
+        );
+        // A deadline of 30 s and 5 ns: Some, seconds, nanoseconds; Call::Gpus.
+        assert_eq!(
+            encode(&ToAgent::Call {
+                id: 0,
+                deadline: Some(Duration::new(30, 5)),
+                call: Call::Gpus
+            }),
+            [0, 0, 1, 30, 5, 2]
+        );
+        // A path is its bytes, UTF-8 or not.
+        assert_eq!(
+            encode(&ToAgent::Configure(GuardConfig {
+                stage: GuardStage::Restore,
+                backend: GuardBackend::Cli {
+                    program: PathBuf::from(std::ffi::OsString::from_vec(vec![b'/', 0xff])),
+                    device_map: true
+                },
+                timeout: None,
+                copy_rate: 1.0,
+                kill_on_restore_failure: false
+            })),
+            [1, 1, 1, 2, b'/', 0xff, 1, 0, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0]
         );
     }
 
@@ -1355,90 +753,104 @@ mod tests {
 
     #[test]
     fn malformed_messages_say_what_is_wrong() {
+        use postcard::Error as P;
         use DecodeError::*;
-        assert_eq!(
-            decode::<ToAgent>(b""),
-            Err(Truncated {
-                what: "ToAgent",
-                at: 0,
-                need: 1,
-                left: 0
-            })
-        );
+        let (to, from) = ("ToAgent", "FromAgent");
+        assert_eq!(decode::<ToAgent>(b""), Err(Truncated { what: to, at: 0 }));
+        // ToAgent has no variant 7, Reply no variant 9.
         assert_eq!(
             decode::<ToAgent>(&[7]),
-            Err(UnknownTag {
-                what: "ToAgent",
-                tag: 7,
-                at: 0
-            })
-        );
-        assert_eq!(
-            decode::<FromAgent>(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 9]),
-            Err(UnknownTag {
-                what: "Reply",
-                tag: 9,
-                at: 9
-            })
-        );
-        // Abandon with a 7-byte id.
-        assert_eq!(
-            decode::<ToAgent>(&[5, 1, 2, 3, 4, 5, 6, 7]),
-            Err(Truncated {
-                what: "u64",
+            Err(Malformed {
+                what: to,
                 at: 1,
-                need: 8,
-                left: 7
+                error: P::SerdeDeCustom
+            })
+        );
+        assert_eq!(
+            decode::<FromAgent>(&[1, 0, 9]),
+            Err(Malformed {
+                what: from,
+                at: 3,
+                error: P::SerdeDeCustom
+            })
+        );
+        // Abandon with an id whose varint does not end.
+        assert_eq!(
+            decode::<ToAgent>(&[5, 0x80, 0x80]),
+            Err(Truncated { what: to, at: 3 })
+        );
+        // ... or is longer than a u64's.
+        assert_eq!(
+            decode::<ToAgent>(&[5, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]),
+            Err(Malformed {
+                what: to,
+                at: 11,
+                error: P::DeserializeBadVarint
             })
         );
         assert_eq!(
             decode::<ToAgent>(&[6, 0, 0]),
-            Err(TrailingBytes { at: 2, count: 1 })
+            Err(TrailingBytes {
+                what: to,
+                at: 2,
+                count: 1
+            })
         );
         // Probe { call_init: 2 }.
         assert_eq!(
-            decode::<ToAgent>(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]),
-            Err(UnknownTag {
-                what: "bool",
-                tag: 2,
-                at: 11
+            decode::<ToAgent>(&[0, 0, 0, 0, 2]),
+            Err(Malformed {
+                what: to,
+                at: 5,
+                error: P::DeserializeBadBool
             })
         );
         // Intent with a string that is not UTF-8.
         assert_eq!(
-            decode::<ToAgent>(&[3, 1, 0, 0, 0, 2, 0, 0, 0, 0xc3, 0x28]),
-            Err(InvalidUtf8 {
-                what: "string",
-                at: 9
-            })
-        );
-        // Intent with a string of 4 GiB, and one longer than the message.
-        assert_eq!(
-            decode::<ToAgent>(&[3, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, b'x']),
-            Err(TooLong {
-                what: "string",
+            decode::<ToAgent>(&[3, 2, 2, 0xc3, 0x28]),
+            Err(Malformed {
+                what: to,
                 at: 5,
-                len: u32::MAX
+                error: P::DeserializeBadUtf8
             })
+        );
+        // Intent with a string of 4 GiB in a message of 8 bytes.
+        assert_eq!(
+            decode::<ToAgent>(&[3, 2, 0xff, 0xff, 0xff, 0xff, 0x0f, b'x']),
+            Err(Truncated { what: to, at: 7 })
+        );
+        // A list of a million GPUs in a few bytes (nothing is reserved for them).
+        let mut m = vec![1, 0, 2, 0];
+        m.extend_from_slice(&[0xc0, 0x84, 0x3d]);
+        assert_eq!(
+            decode::<FromAgent>(&m),
+            Err(Truncated { what: from, at: 7 })
+        );
+        // Finish(Done) with a needless continuation byte in its variant, and a deadline of 0 s
+        // and 10^9 ns (serde's Duration takes it as 1 s): values, but not as encode writes them.
+        assert_eq!(
+            decode::<ToAgent>(&[6, 0x80, 0]),
+            Err(NotCanonical { what: to, at: 1 })
         );
         assert_eq!(
-            decode::<ToAgent>(&[3, 1, 0, 0, 0, 5, 0, 0, 0, b'x']),
-            Err(Truncated {
-                what: "string",
-                at: 9,
-                need: 5,
-                left: 1
+            decode::<ToAgent>(&[0, 0, 1, 0, 0x80, 0x94, 0xeb, 0xdc, 0x03, 2]),
+            Err(NotCanonical { what: to, at: 3 })
+        );
+        // A message over the channel's limit is not read at all.
+        assert_eq!(
+            decode::<ToAgent>(&vec![0; MAX_LEN + 1]),
+            Err(TooLong {
+                what: to,
+                len: MAX_LEN + 1
             })
         );
-        // A list of a million GPUs in a few bytes allocates nothing.
-        let mut m = vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0];
-        m.extend_from_slice(&1_000_000u32.to_le_bytes());
-        assert!(matches!(
-            decode::<FromAgent>(&m),
-            Err(Truncated { what: "list", .. })
-        ));
         let e = decode::<ToAgent>(&[9]).unwrap_err().to_string();
-        assert!(e.contains("undecodable") && e.contains("ToAgent"), "{e}");
+        assert!(
+            e.contains("undecodable") && e.contains("ToAgent") && e.contains("enum variant"),
+            "{e}"
+        );
+        let e = decode::<ToAgent>(&[0, 0, 0, 0, 2]).unwrap_err().to_string();
+        assert!(e.contains("bool") && e.contains("byte 5"), "{e}");
     }
 
     #[test]
@@ -1673,6 +1085,7 @@ mod tests {
         prop_assert_eq!(
             decode::<T>(&long).err(),
             Some(DecodeError::TrailingBytes {
+                what: T::NAME,
                 at: bytes.len(),
                 count: extra
             })

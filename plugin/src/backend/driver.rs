@@ -138,8 +138,9 @@ pub fn probe_driver(load: Result<Arc<dyn CudaDriver>, LoadError>, call_init: boo
 }
 
 /// One driver call, as data: what [`DriverExec`] runs (here, on a worker thread, or in the
-/// plugin's helper process, see [`crate::agent`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// plugin's helper process, see [`crate::agent`]; the derives are its place in the helper's
+/// protocol, [`crate::agent::proto`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DriverCall {
     /// `cuInit(0)`.
     Init,
@@ -161,7 +162,7 @@ pub enum DriverCall {
 }
 
 /// What a [`DriverCall`] returned: the raw codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DriverReply {
     Tid(Result<i32, u32>),
     State(Result<u32, u32>),
