@@ -1,5 +1,6 @@
-//! The dump: PAUSE_DEVICES (with the lock, `lock`), CHECKPOINT_DEVICES, and DUMP_FINISH or
-//! `exit(DUMP)` with the rollback (`rollback`). See [`super`] for what each hook does.
+//! The dump: PAUSE_DEVICES, CHECKPOINT_DEVICES, and DUMP_FINISH or `exit(DUMP)` (see [`super`]
+//! for what each does). The locks are in `lock`, the survey of the tree's GPU memory in
+//! `survey`, the rollback in `rollback`.
 
 mod lock;
 mod rollback;
@@ -310,12 +311,13 @@ impl Dump {
     }
 
     /// Parallel mode: checkpoints every task of the dump that is not checkpointed yet, at most
-    /// [`crate::engine::EngineConfig::parallel`] at a time: resume each restore thread (from CRIU's thread, the
-    /// tracer), run the checkpoints together ([`crate::backend::Backend::checkpoint_many`]), stop each thread
-    /// again exactly as CRIU left it. Each task's result waits for its own CHECKPOINT_DEVICES
-    /// call; a task whose thread could not be resumed has nothing started. Should CRIU stop
-    /// calling (another task failed), the tasks checkpointed here are put back by the dump's
-    /// rollback like any other (they are marked `checkpointed_by_us`).
+    /// [`EngineConfig::parallel`](crate::engine::EngineConfig::parallel) at a time: resume each
+    /// restore thread (from CRIU's thread, the tracer), run the checkpoints together
+    /// ([`Backend::checkpoint_many`](crate::backend::Backend::checkpoint_many)), stop each thread
+    /// again exactly as CRIU left it. Each task's result waits for its own CHECKPOINT_DEVICES call;
+    /// a task whose thread could not be resumed has nothing started. Should CRIU stop calling
+    /// (another task failed), the tasks checkpointed here are put back by the dump's rollback like
+    /// any other (they are marked `checkpointed_by_us`).
     fn checkpoint_batch_run(&mut self) -> Vec<(Pid, Result<u64, EngineError>)> {
         let step = Step::Checkpoint;
         let mut results = Vec::new();

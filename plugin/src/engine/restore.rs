@@ -61,8 +61,8 @@ impl Restore {
     }
 
     /// RESUME_DEVICES_LATE: the restored task is still ptrace-stopped. A failure is returned to
-    /// CRIU; on hosts that ignore it (CRIU 4.1/4.2) the task is also killed or left as it is,
-    /// per [`crate::engine::EngineConfig::on_restore_failure`].
+    /// CRIU; on hosts that ignore it (CRIU 4.1/4.2) the task is also killed or left as it is, per
+    /// [`EngineConfig::on_restore_failure`](crate::engine::EngineConfig::on_restore_failure).
     pub fn resume_devices_late(&mut self, pid: Pid) -> Result<Outcome, EngineError> {
         self.track_restore_tree(pid);
         if self.core.cfg.parallel > 1 && self.batch.is_none() {
@@ -299,10 +299,11 @@ impl Restore {
     }
 
     /// Parallel mode: restores every task of the restored tree under `root` (the first
-    /// RESUME_DEVICES_LATE's task) that the dump recorded, at most [`crate::engine::EngineConfig::parallel`]
-    /// at a time: plan each, resume each restore thread, run the restores together, then the
-    /// unlocks of the tasks that were running at dump time, and stop each thread again. Each
-    /// task's result waits for its own RESUME_DEVICES_LATE call.
+    /// RESUME_DEVICES_LATE's task) that the dump recorded, at most
+    /// [`EngineConfig::parallel`](crate::engine::EngineConfig::parallel) at a time: plan each,
+    /// resume each restore thread, run the restores together, then the unlocks of the tasks that
+    /// were running at dump time, and stop each thread again. Each task's result waits for its own
+    /// RESUME_DEVICES_LATE call.
     fn restore_batch_run(&mut self, root: Pid) -> Vec<(Pid, Result<Outcome, EngineError>)> {
         let step = Step::Resume;
         let mut results = Vec::new();

@@ -15,16 +15,17 @@ pub const ALARM_RESERVE: Duration = Duration::from_secs(1);
 pub const MIN_LOCK_WINDOW: Duration = Duration::from_millis(100);
 
 impl Dump {
-    /// Parallel mode, at the first PAUSE_DEVICES (`root`): CRIU pauses the tree's tasks one by
-    /// one, each just before it seizes it, and all of them within its freeze alarm; so the
-    /// RUNNING CUDA tasks of the tree below `root` are locked now, together, at most
-    /// [`crate::engine::EngineConfig::parallel`] at a time, under the rules of a lock of one's own: the tree is
-    /// surveyed first, the guardian is told before, each lock gets the alarm's window divided
-    /// by the batch's rounds (so the whole batch ends in time; with too little left, nothing is
-    /// locked ahead), and a failed lock is left as found ([`Dump::failed_lock`]). A failed
-    /// probe, and "not a CUDA task", are that task's result too; a CUDA task that is not plainly
-    /// RUNNING and unstopped is left to its own call, as is one forked after the walk. What
-    /// CRIU then never pauses is unlocked again by [`Dump::put_back_ahead`].
+    /// Parallel mode, at the first PAUSE_DEVICES (`root`): CRIU pauses the tree's tasks one by one,
+    /// each just before it seizes it, and all of them within its freeze alarm; so the RUNNING CUDA
+    /// tasks of the tree below `root` are locked now, together, at most
+    /// [`EngineConfig::parallel`](crate::engine::EngineConfig::parallel) at a time, under the rules
+    /// of a lock of one's own: the tree is surveyed first, the guardian is told before, each lock
+    /// gets the alarm's window divided by the batch's rounds (so the whole batch ends in time; with
+    /// too little left, nothing is locked ahead), and a failed lock is left as found
+    /// ([`Dump::failed_lock`]). A failed probe, and "not a CUDA task", are that task's result too;
+    /// a CUDA task that is not plainly RUNNING and unstopped is left to its own call, as is one
+    /// forked after the walk. What CRIU then never pauses is unlocked again by
+    /// [`Dump::put_back_ahead`].
     pub(super) fn lock_ahead(&mut self, root: Pid) -> Ahead {
         let (mut ahead, mut pids, mut tids) = (Vec::new(), Vec::new(), Vec::new());
         for pid in self.core.host.tree(root) {
