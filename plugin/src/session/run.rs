@@ -81,7 +81,7 @@ impl TaskHook {
             (Self::PauseDevices, Engine::Dump(d)) => d.pause_devices(pid),
             (Self::CheckpointDevices, Engine::Dump(d)) => d.checkpoint_devices(pid),
             (Self::ResumeDevicesLate, Engine::Restore(r)) => r.resume_devices_late(pid),
-            // The other operation's hook ([`task_hook`] checks the stage first).
+            // The other operation's hook (`task_hook` checks the stage first).
             _ => Ok(Outcome::NotMine),
         }
     }
