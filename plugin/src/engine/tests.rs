@@ -2,12 +2,18 @@
 //! (a frozen task's requests only make progress while its restore thread runs), a fake host, and
 //! a tiny CRIU that calls the hooks in CRIU's order. Faults can be injected at any call.
 
+use super::dump::Dump;
+use super::error::collective_hint;
+use super::restore::Restore;
 use super::*;
-use crate::backend::{BackendKind, JobResult, Op};
+use crate::backend::{Backend, BackendError, BackendKind, JobResult, LockLimits, Op, Tid};
 use crate::host::{Criu, InventoryAnswer};
+use crate::host::{FreezeAlarm, HostError, Level};
 use crate::machine::Machine;
+use crate::message::Report;
 use crate::thread::Resumed;
-use abi::{CUresult, GpuUuid};
+use crate::thread::{ThreadControl, ThreadError};
+use abi::{CUprocessState, CUresult, GpuUuid};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -509,8 +515,8 @@ fn world(initial: [CUprocessState; 2]) -> Shared {
     Arc::new(Mutex::new(w))
 }
 
-fn engine(w: &Shared, cfg: EngineConfig) -> Engine {
-    Engine::new(
+fn core(w: &Shared, cfg: EngineConfig) -> Core {
+    Core::new(
         Box::new(FakeBackend(w.clone())),
         Box::new(FakeThreads(w.clone())),
         Box::new(FakeHost(w.clone())),
@@ -518,14 +524,22 @@ fn engine(w: &Shared, cfg: EngineConfig) -> Engine {
     )
 }
 
+fn new_dump(w: &Shared, cfg: EngineConfig) -> Dump {
+    Dump::new(core(w, cfg))
+}
+
+fn new_restore(w: &Shared, cfg: EngineConfig) -> Restore {
+    Restore::new(core(w, cfg))
+}
+
 const PIDS: [Pid; 3] = [100, 101, 102];
 
 /// CRIU's dump order: PAUSE then seize per task; CHECKPOINT per task; finish; release.
-fn criu_dump(w: &Shared, e: &mut Engine) -> (i32, Option<EngineError>) {
+fn criu_dump(w: &Shared, e: &mut Dump) -> (i32, Option<EngineError>) {
     criu_dump_pids(w, e, &PIDS)
 }
 
-fn criu_dump_pids(w: &Shared, e: &mut Engine, pids: &[Pid]) -> (i32, Option<EngineError>) {
+fn criu_dump_pids(w: &Shared, e: &mut Dump, pids: &[Pid]) -> (i32, Option<EngineError>) {
     let mut ret = 0;
     let mut first_err = None;
     for &pid in pids {
@@ -568,7 +582,7 @@ fn any_thread_running(w: &Shared) -> bool {
 #[test]
 fn successful_dump_checkpoints_cuda_tasks_only() {
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     assert_eq!(
         e.pause_devices(102).unwrap(),
         Outcome::NotMine,
@@ -609,7 +623,7 @@ fn successful_dump_checkpoints_cuda_tasks_only() {
 #[test]
 fn parallel_mode_checkpoints_every_task_at_the_first_call_and_each_call_gets_its_own_result() {
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(
+    let mut e = new_dump(
         &w,
         EngineConfig {
             parallel: 4,
@@ -623,7 +637,10 @@ fn parallel_mode_checkpoints_every_task_at_the_first_call_and_each_call_gets_its
     let before = w.lock().unwrap().calls.len();
     // CRIU's loop starts with the CPU-only task: the batch still starts there.
     assert_eq!(e.checkpoint_devices(102).unwrap(), Outcome::NotMine);
-    assert!(e.take_batch_ran(), "the first call ran the batch");
+    assert!(
+        e.core_mut().take_batch_ran(),
+        "the first call ran the batch"
+    );
     let calls: Vec<String> = w.lock().unwrap().calls[before..].to_vec();
     assert_eq!(
         calls,
@@ -644,7 +661,7 @@ fn parallel_mode_checkpoints_every_task_at_the_first_call_and_each_call_gets_its
     assert!(!any_thread_running(&w));
     for pid in [100, 101] {
         assert_eq!(e.checkpoint_devices(pid).unwrap(), Outcome::Handled);
-        assert!(!e.take_batch_ran());
+        assert!(!e.core_mut().take_batch_ran());
     }
     let later: Vec<String> = w.lock().unwrap().calls[before + 6..].to_vec();
     assert!(
@@ -668,7 +685,7 @@ fn leave_running_puts_every_task_back_in_its_initial_state() {
         [CUprocessState::RUNNING, CUprocessState::CHECKPOINTED],
     ] {
         let w = world(initial);
-        let mut e = engine(
+        let mut e = new_dump(
             &w,
             EngineConfig {
                 leave_running: true,
@@ -698,7 +715,7 @@ fn an_abandoned_call_is_waited_for_before_the_rollback() {
         ..Default::default()
     };
     let clean = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&clean, cfg());
+    let mut e = new_dump(&clean, cfg());
     assert_eq!(criu_dump(&clean, &mut e).0, 0);
     let names = clean.lock().unwrap().calls.clone();
     for (k, name) in names.iter().enumerate() {
@@ -712,7 +729,7 @@ fn an_abandoned_call_is_waited_for_before_the_rollback() {
             let case = format!("call {k} ({name}): {kind:?}");
             let w = world([CUprocessState::RUNNING; 2]);
             w.lock().unwrap().fault_at = Some((k, kind));
-            let mut e = engine(&w, cfg());
+            let mut e = new_dump(&w, cfg());
             let (ret, _) = criu_dump(&w, &mut e);
             assert_eq!(ret, -1, "{case}: the dump must fail");
             let calls = w.lock().unwrap().calls.clone();
@@ -732,7 +749,7 @@ fn an_abandoned_call_is_waited_for_before_the_rollback() {
         .position(|c| c == "Lock 101")
         .expect("a lock call");
     w.lock().unwrap().fault_at = Some((lock, FaultKind::Error));
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     let _ = criu_dump(&w, &mut e);
     let calls = w.lock().unwrap().calls.clone();
     assert!(
@@ -761,7 +778,7 @@ fn a_fault_at_any_step_leaves_every_task_as_found() {
         };
         // A clean run tells how many calls a dump makes.
         let clean = world(initial);
-        let mut e = engine(&clean, cfg());
+        let mut e = new_dump(&clean, cfg());
         assert_eq!(criu_dump(&clean, &mut e).0, 0);
         let names = clean.lock().unwrap().calls.clone();
         assert!(names.len() >= 12, "{names:?}");
@@ -773,7 +790,7 @@ fn a_fault_at_any_step_leaves_every_task_as_found() {
                 );
                 let w = world(initial);
                 w.lock().unwrap().fault_at = Some((k, kind));
-                let mut e = engine(&w, cfg());
+                let mut e = new_dump(&w, cfg());
                 let (ret, err) = criu_dump(&w, &mut e);
                 let restop_fault = name.starts_with("Restop");
                 assert_eq!(ret, -1, "{case}: the dump must fail");
@@ -830,7 +847,7 @@ fn a_fault_at_any_step_leaves_every_task_as_found() {
 fn a_fault_during_rollback_is_reported_and_other_tasks_still_recover() {
     let w = world([CUprocessState::RUNNING; 2]);
     // Fail the checkpoint of 101, then fail the first rollback step of 100.
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     assert!(e.pause_devices(100).is_ok());
     assert!(e.pause_devices(101).is_ok());
     for pid in [100, 101] {
@@ -885,15 +902,15 @@ fn a_fault_during_rollback_is_reported_and_other_tasks_still_recover() {
 #[test]
 fn pause_on_a_failed_process_fails_without_touching_it() {
     let w = world([CUprocessState::FAILED, CUprocessState::RUNNING]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     let err = e.pause_devices(100).unwrap_err();
     assert!(matches!(err, EngineError::BadState { .. }), "{err}");
     assert!(err.to_string().contains("failed"), "{err}");
 }
 
-fn restored_world(initial: [CUprocessState; 2], with_images: bool) -> (Shared, Engine) {
+fn restored_world(initial: [CUprocessState; 2], with_images: bool) -> (Shared, Restore) {
     let w = world(initial);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     assert_eq!(criu_dump(&w, &mut e).0, 0);
     let mut guard = w.lock().unwrap();
     if !with_images {
@@ -905,7 +922,7 @@ fn restored_world(initial: [CUprocessState; 2], with_images: bool) -> (Shared, E
     }
     drop(guard);
     let pairs = vec![(GpuUuid([1; 16]), GpuUuid([2; 16]))];
-    let e = engine(
+    let e = new_restore(
         &w,
         EngineConfig {
             pairs,
@@ -1100,14 +1117,14 @@ fn cli_world(n: usize) -> (Shared, Vec<Pid>) {
     (Arc::new(Mutex::new(w)), pids)
 }
 
-fn cli_engine(w: &Shared, cfg: EngineConfig) -> Engine {
+fn cli_core(w: &Shared, cfg: EngineConfig) -> Core {
     let cli = crate::backend::cli::Cli::new(
         "/sim/cuda-checkpoint".into(),
         Box::new(SimCli(w.clone())),
         None,
         true,
     );
-    Engine::new(
+    Core::new(
         Box::new(cli),
         Box::new(FakeThreads(w.clone())),
         Box::new(FakeHost(w.clone())),
@@ -1115,14 +1132,22 @@ fn cli_engine(w: &Shared, cfg: EngineConfig) -> Engine {
     )
 }
 
+fn cli_dump(w: &Shared, cfg: EngineConfig) -> Dump {
+    Dump::new(cli_core(w, cfg))
+}
+
+fn cli_restore(w: &Shared, cfg: EngineConfig) -> Restore {
+    Restore::new(cli_core(w, cfg))
+}
+
 #[test]
 fn cli_executions_stay_within_4n_plus_1_per_dump_and_2n_plus_1_per_restore() {
     for n in [1usize, 8, 32] {
         let (w, pids) = cli_world(n);
-        let mut e = cli_engine(&w, EngineConfig::default());
+        let mut e = cli_dump(&w, EngineConfig::default());
         let (ret, err) = criu_dump_pids(&w, &mut e, &pids);
         assert_eq!(ret, 0, "{err:?}");
-        let dump_runs = e.backend().executions().unwrap();
+        let dump_runs = e.core().backend().executions().unwrap();
         assert_eq!(
             dump_runs,
             4 * n + 1,
@@ -1138,11 +1163,11 @@ fn cli_executions_stay_within_4n_plus_1_per_dump_and_2n_plus_1_per_restore() {
         for t in w.lock().unwrap().tasks.values_mut() {
             t.traced = true;
         }
-        let mut e = cli_engine(&w, EngineConfig::default());
+        let mut e = cli_restore(&w, EngineConfig::default());
         for &pid in &pids {
             assert_eq!(e.resume_devices_late(pid).unwrap(), Outcome::Handled);
         }
-        let restore_runs = e.backend().executions().unwrap();
+        let restore_runs = e.core().backend().executions().unwrap();
         assert_eq!(
             restore_runs,
             2 * n + 1,
@@ -1160,7 +1185,7 @@ fn cli_executions_stay_within_4n_plus_1_per_dump_and_2n_plus_1_per_restore() {
 #[test]
 fn cli_leave_running_round_trip_and_a_failing_lock_leave_tasks_running() {
     let (w, pids) = cli_world(3);
-    let mut e = cli_engine(
+    let mut e = cli_dump(
         &w,
         EngineConfig {
             leave_running: true,
@@ -1175,13 +1200,13 @@ fn cli_leave_running_round_trip_and_a_failing_lock_leave_tasks_running() {
         .values()
         .all(|t| t.state == CUprocessState::RUNNING));
     assert_eq!(
-        e.backend().executions(),
+        e.core().backend().executions(),
         Some(1 + 4 * 3 + 3 * 3),
         "rollback: state+restore+unlock per task"
     );
     // A PAUSE failure on the second task (its CUDA state is FAILED) rolls the first back.
     let (w, pids) = cli_world(3);
-    let mut e = cli_engine(&w, EngineConfig::default());
+    let mut e = cli_dump(&w, EngineConfig::default());
     e.pause_devices(pids[0]).unwrap();
     w.lock().unwrap().tasks.get_mut(&pids[0]).unwrap().traced = true;
     w.lock().unwrap().tasks.get_mut(&pids[1]).unwrap().state = CUprocessState::FAILED;
@@ -1217,7 +1242,7 @@ fn the_lock_ends_before_criu_s_freeze_alarm_fires() {
     w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
         left: Duration::from_secs(60),
     });
-    let mut e = engine(&w, cfg());
+    let mut e = new_dump(&w, cfg());
     e.pause_devices(100).unwrap();
     assert_eq!(
         w.lock().unwrap().lock_limits[0],
@@ -1229,7 +1254,7 @@ fn the_lock_ends_before_criu_s_freeze_alarm_fires() {
     w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
         left: Duration::from_secs(3),
     });
-    let mut e = engine(&w, cfg());
+    let mut e = new_dump(&w, cfg());
     e.pause_devices(100).unwrap();
     assert_eq!(
         w.lock().unwrap().lock_limits[0],
@@ -1241,7 +1266,7 @@ fn the_lock_ends_before_criu_s_freeze_alarm_fires() {
     // A lock that times out within the window (1.5 s left: the driver gets 0.4 s) names CRIU's
     // timeout and how to raise it, and the other task is put back.
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&w, cfg());
+    let mut e = new_dump(&w, cfg());
     e.pause_devices(100).unwrap();
     w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
         left: Duration::from_millis(1500),
@@ -1271,7 +1296,7 @@ fn the_lock_ends_before_criu_s_freeze_alarm_fires() {
         left: Duration::from_secs(5),
     });
     w2.lock().unwrap().fault_at = Some((2, FaultKind::Error));
-    let err = engine(&w2, cfg()).pause_devices(100).unwrap_err();
+    let err = new_dump(&w2, cfg()).pause_devices(100).unwrap_err();
     assert!(matches!(err, EngineError::Backend { .. }), "{err}");
     e.dump_finish(-1).unwrap();
     assert_eq!(states(&w), vec![CUprocessState::RUNNING; 3]);
@@ -1290,7 +1315,7 @@ fn no_lock_is_tried_once_the_alarm_fired_or_too_little_is_left() {
     ] {
         let w = world([CUprocessState::RUNNING; 2]);
         w.lock().unwrap().alarm = Some(alarm);
-        let mut e = engine(&w, EngineConfig::default());
+        let mut e = new_dump(&w, EngineConfig::default());
         let err = e.pause_devices(100).unwrap_err();
         assert!(err.to_string().contains(want), "{alarm:?}: {err}");
         assert!(lock_calls(&w).is_empty(), "{alarm:?}: never locked");
@@ -1301,7 +1326,7 @@ fn no_lock_is_tried_once_the_alarm_fired_or_too_little_is_left() {
     for alarm in [FreezeAlarm::Unknown, FreezeAlarm::Disarmed] {
         let w = world([CUprocessState::RUNNING; 2]);
         w.lock().unwrap().alarm = Some(alarm);
-        let mut e = engine(&w, EngineConfig::default());
+        let mut e = new_dump(&w, EngineConfig::default());
         e.pause_devices(100).unwrap();
         assert_eq!(
             w.lock().unwrap().lock_limits[0],
@@ -1313,7 +1338,7 @@ fn no_lock_is_tried_once_the_alarm_fired_or_too_little_is_left() {
 #[test]
 fn someone_else_s_lock_is_never_undone() {
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     e.pause_devices(100).unwrap();
     w.lock().unwrap().tasks.get_mut(&100).unwrap().traced = true;
     // 101: tid, state, then the lock, which another tool beats.
@@ -1342,7 +1367,7 @@ fn someone_else_s_lock_is_never_undone() {
 #[test]
 fn a_lock_that_landed_despite_an_error_is_undone_and_logged() {
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     // LateSuccess: the lock takes effect but reports a timeout.
     w.lock().unwrap().fault_at = Some((2, FaultKind::LateSuccess));
     e.pause_devices(100).unwrap_err();
@@ -1360,7 +1385,7 @@ fn a_lock_that_landed_despite_an_error_is_undone_and_logged() {
 fn a_stopped_task_fails_at_once_with_a_word_about_why() {
     let w = world([CUprocessState::RUNNING; 2]);
     w.lock().unwrap().tasks.get_mut(&100).unwrap().stopped = Some('T');
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     let err = e.pause_devices(100).unwrap_err();
     let m = err.to_string();
     assert!(
@@ -1373,7 +1398,7 @@ fn a_stopped_task_fails_at_once_with_a_word_about_why() {
 #[test]
 fn dump_finish_success_then_a_failed_dump_still_rolls_back() {
     let w = world([CUprocessState::RUNNING, CUprocessState::LOCKED]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     for pid in PIDS {
         e.pause_devices(pid).unwrap();
         w.lock().unwrap().tasks.get_mut(&pid).unwrap().traced = true;
@@ -1411,7 +1436,7 @@ fn dump_finish_success_then_a_failed_dump_still_rolls_back() {
 #[test]
 fn a_task_that_exited_during_the_dump_is_not_reported_as_stuck() {
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     for pid in PIDS {
         e.pause_devices(pid).unwrap();
     }
@@ -1444,10 +1469,10 @@ fn records_from(w: &Shared) -> BTreeMap<Pid, TaskImage> {
 fn listed_restore(
     initial: [CUprocessState; 2],
     cfg: impl FnOnce(BTreeMap<Pid, TaskImage>) -> EngineConfig,
-) -> (Shared, Engine) {
+) -> (Shared, Restore) {
     let (w, _) = restored_world(initial, true);
     let records = records_from(&w);
-    let e = engine(&w, cfg(records));
+    let e = new_restore(&w, cfg(records));
     (w, e)
 }
 
@@ -1572,7 +1597,7 @@ fn a_tree_that_would_not_fit_in_host_memory_is_refused_before_any_lock() {
         g.nvml = Some(nvml_with(40));
         g.mem_available = Some(64 << 30);
     }
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     let err = e.pause_devices(100).unwrap_err();
     let m = err.to_string();
     assert!(matches!(err, EngineError::HostTooSmall { .. }), "{m}");
@@ -1588,7 +1613,7 @@ fn a_tree_that_would_not_fit_in_host_memory_is_refused_before_any_lock() {
         g.nvml = Some(nvml_with(40));
         g.mem_available = Some(64 << 30);
     }
-    let mut e = engine(
+    let mut e = new_dump(
         &w,
         EngineConfig {
             skip_capacity_check: true,
@@ -1614,7 +1639,7 @@ fn a_tree_with_a_task_on_a_mig_gpu_is_refused_before_any_lock() {
             g.nvml = Some(nvml);
         }
         // Not a capacity check: check-capacity=off does not turn it off.
-        let mut e = engine(
+        let mut e = new_dump(
             &w,
             EngineConfig {
                 skip_capacity_check: true,
@@ -1655,7 +1680,7 @@ fn copy_deadlines_grow_with_the_task_s_memory_and_images_record_it() {
         g.nvml = Some(nvml_with(80));
         g.mem_available = Some(1 << 40);
     }
-    let mut e = engine(
+    let mut e = new_dump(
         &w,
         EngineConfig {
             timeout,
@@ -1678,7 +1703,7 @@ fn copy_deadlines_grow_with_the_task_s_memory_and_images_record_it() {
     drop(g);
     // Without NVML a copy is bounded by all the GPUs' memory (here one 80 GiB GPU).
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(
+    let mut e = new_dump(
         &w,
         EngineConfig {
             timeout,
@@ -1726,7 +1751,7 @@ fn parallel(n: usize) -> EngineConfig {
 /// The index, in a clean parallel dump of `world`, of the call named `name`.
 fn clean_call_index(n: usize, name: &str) -> usize {
     let (w, pids) = ahead_world(n);
-    let mut e = engine(&w, parallel(4));
+    let mut e = new_dump(&w, parallel(4));
     assert_eq!(criu_dump_pids(&w, &mut e, &pids).0, 0);
     let calls = w.lock().unwrap().calls.clone();
     calls.iter().position(|c| c == name).expect(name)
@@ -1735,9 +1760,12 @@ fn clean_call_index(n: usize, name: &str) -> usize {
 #[test]
 fn lock_ahead_locks_the_tree_s_cuda_tasks_together_at_the_first_pause() {
     let (w, pids) = ahead_world(2);
-    let mut e = engine(&w, parallel(4));
+    let mut e = new_dump(&w, parallel(4));
     assert_eq!(e.pause_devices(100).unwrap(), Outcome::Handled);
-    assert!(e.take_batch_ran(), "the first call locked the tree");
+    assert!(
+        e.core_mut().take_batch_ran(),
+        "the first call locked the tree"
+    );
     assert_eq!(w.lock().unwrap().lock_batches, vec![(vec![100, 101], 2)]);
     assert_eq!(
         states(&w),
@@ -1750,7 +1778,7 @@ fn lock_ahead_locks_the_tree_s_cuda_tasks_together_at_the_first_pause() {
     let before = w.lock().unwrap().calls.len();
     assert_eq!(e.pause_devices(101).unwrap(), Outcome::Handled);
     assert_eq!(e.pause_devices(102).unwrap(), Outcome::NotMine);
-    assert!(!e.take_batch_ran());
+    assert!(!e.core_mut().take_batch_ran());
     assert_eq!(
         w.lock().unwrap().calls.len(),
         before,
@@ -1759,11 +1787,11 @@ fn lock_ahead_locks_the_tree_s_cuda_tasks_together_at_the_first_pause() {
     assert!(e.tasks().iter().all(|t| t.locked_by_us));
     // The rest of the dump, and sequential mode never locks ahead.
     let (w, pids2) = ahead_world(2);
-    let mut e = engine(&w, parallel(4));
+    let mut e = new_dump(&w, parallel(4));
     assert_eq!(criu_dump_pids(&w, &mut e, &pids2).0, 0);
     assert_eq!(states(&w)[..2], [CUprocessState::CHECKPOINTED; 2]);
     let (w, _) = ahead_world(2);
-    let mut e = engine(&w, parallel(1));
+    let mut e = new_dump(&w, parallel(1));
     assert_eq!(criu_dump_pids(&w, &mut e, &pids).0, 0);
     assert!(w.lock().unwrap().lock_batches.is_empty());
 }
@@ -1773,7 +1801,7 @@ fn lock_ahead_leaves_a_foreign_lock_alone_and_reports_it_for_its_own_task() {
     let k = clean_call_index(2, "Lock 101");
     let (w, pids) = ahead_world(2);
     w.lock().unwrap().fault_at = Some((k, FaultKind::ForeignLock));
-    let mut e = engine(&w, parallel(4));
+    let mut e = new_dump(&w, parallel(4));
     let (ret, err) = criu_dump_pids(&w, &mut e, &pids);
     assert_eq!(ret, -1);
     let err = err.unwrap();
@@ -1798,7 +1826,7 @@ fn a_late_lock_ahead_is_undone_and_the_others_still_wait_for_their_calls() {
     let k = clean_call_index(3, "Lock 101");
     let (w, pids) = ahead_world(3);
     w.lock().unwrap().fault_at = Some((k, FaultKind::LateSuccess));
-    let mut e = engine(&w, parallel(4));
+    let mut e = new_dump(&w, parallel(4));
     e.pause_devices(100).unwrap();
     assert_eq!(
         states(&w)[..3],
@@ -1834,7 +1862,7 @@ fn a_late_lock_ahead_is_undone_and_the_others_still_wait_for_their_calls() {
 #[test]
 fn a_task_locked_ahead_but_never_paused_is_unlocked_before_the_checkpoints() {
     let (w, _) = ahead_world(2);
-    let mut e = engine(&w, parallel(4));
+    let mut e = new_dump(&w, parallel(4));
     // 101 left the tree after the walk: CRIU pauses and checkpoints 100 and 102 only.
     let (ret, err) = criu_dump_pids(&w, &mut e, &[100, 102]);
     assert_eq!(ret, 0, "{err:?}");
@@ -1868,7 +1896,7 @@ fn lock_ahead_divides_the_freeze_alarm_among_its_rounds_and_blames_it_by_pid() {
     w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
         left: Duration::from_secs(3),
     });
-    let mut e = engine(&w, cfg());
+    let mut e = new_dump(&w, cfg());
     e.pause_devices(100).unwrap();
     assert_eq!(
         w.lock().unwrap().lock_batches,
@@ -1894,7 +1922,7 @@ fn lock_ahead_divides_the_freeze_alarm_among_its_rounds_and_blames_it_by_pid() {
         });
         g.fault_at = Some((k, FaultKind::Timeout));
     }
-    let mut e = engine(&w, cfg());
+    let mut e = new_dump(&w, cfg());
     let (ret, err) = criu_dump_pids(&w, &mut e, &pids);
     assert_eq!(ret, -1);
     let err = err.unwrap();
@@ -1907,7 +1935,7 @@ fn lock_ahead_divides_the_freeze_alarm_among_its_rounds_and_blames_it_by_pid() {
     // Too little left to share: nothing locked ahead, the first task fails as it would alone.
     let (w, _) = ahead_world(4);
     w.lock().unwrap().alarm = Some(FreezeAlarm::Expired);
-    let mut e = engine(&w, cfg());
+    let mut e = new_dump(&w, cfg());
     let err = e.pause_devices(100).unwrap_err();
     assert!(
         matches!(err, EngineError::FreezeTimeout { pid: 100, .. }),
@@ -1926,7 +1954,7 @@ fn a_lock_timing_out_one_at_a_time_names_a_collective_as_the_likely_cause() {
     let hint = "if these tasks are ranks of a collective (NCCL ranks, say), they cannot be locked";
     // Sequential mode, no freeze alarm: the backend's timeout, then the hint.
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     e.pause_devices(100).unwrap();
     let n = w.lock().unwrap().calls.len();
     w.lock().unwrap().fault_at = Some((n + 2, FaultKind::NotReady));
@@ -1957,7 +1985,7 @@ fn a_lock_timing_out_one_at_a_time_names_a_collective_as_the_likely_cause() {
     );
     // Sequential mode, the lock run into CRIU's freeze alarm: the freeze timeout, then the hint.
     let w = world([CUprocessState::RUNNING; 2]);
-    let mut e = engine(&w, EngineConfig::default());
+    let mut e = new_dump(&w, EngineConfig::default());
     e.pause_devices(100).unwrap();
     w.lock().unwrap().alarm = Some(FreezeAlarm::Armed {
         left: Duration::from_millis(1500),
@@ -1984,7 +2012,7 @@ fn a_lock_timing_out_one_at_a_time_names_a_collective_as_the_likely_cause() {
     // driver that does not answer): no hint.
     for kind in [FaultKind::Error, FaultKind::Timeout] {
         let w = world([CUprocessState::RUNNING; 2]);
-        let mut e = engine(&w, EngineConfig::default());
+        let mut e = new_dump(&w, EngineConfig::default());
         e.pause_devices(100).unwrap();
         let n = w.lock().unwrap().calls.len();
         w.lock().unwrap().fault_at = Some((n + 2, kind));
@@ -1999,7 +2027,7 @@ fn a_lock_timing_out_one_at_a_time_names_a_collective_as_the_likely_cause() {
     let k = clean_call_index(4, "Lock 102");
     let (w, pids) = ahead_world(4);
     w.lock().unwrap().fault_at = Some((k, FaultKind::NotReady));
-    let mut e = engine(&w, parallel(4));
+    let mut e = new_dump(&w, parallel(4));
     let err = criu_dump_pids(&w, &mut e, &pids).1.unwrap();
     assert!(
         matches!(err, EngineError::Backend { pid: 102, .. }),
@@ -2008,7 +2036,7 @@ fn a_lock_timing_out_one_at_a_time_names_a_collective_as_the_likely_cause() {
     assert!(!Report(&err).to_string().contains(hint), "{err}");
     // Parallel mode, 2 at a time of 4: the hint says so.
     let (w, pids) = ahead_world(4);
-    let mut e = engine(&w, parallel(2));
+    let mut e = new_dump(&w, parallel(2));
     assert_eq!(criu_dump_pids(&w, &mut e, &pids).0, 0);
     let k = w
         .lock()
@@ -2019,7 +2047,7 @@ fn a_lock_timing_out_one_at_a_time_names_a_collective_as_the_likely_cause() {
         .unwrap();
     let (w, pids) = ahead_world(4);
     w.lock().unwrap().fault_at = Some((k, FaultKind::NotReady));
-    let mut e = engine(&w, parallel(2));
+    let mut e = new_dump(&w, parallel(2));
     let err = criu_dump_pids(&w, &mut e, &pids).1.unwrap();
     assert!(
         matches!(

@@ -5,7 +5,9 @@
 use crate::agent::client::{Link, LinkGuard};
 use crate::agent::proto::FinishMode;
 use crate::agent::Access;
-use crate::engine::{Engine, EngineError, Outcome};
+use crate::engine::dump::Dump;
+use crate::engine::restore::Restore;
+use crate::engine::{Core, Engine, EngineError, Outcome};
 use crate::env::Environment;
 use crate::error::PluginError;
 use crate::ffi::criu;
@@ -73,10 +75,12 @@ impl TaskHook {
     }
 
     fn run(self, engine: &mut Engine, pid: i32) -> Result<Outcome, EngineError> {
-        match self {
-            Self::PauseDevices => engine.pause_devices(pid),
-            Self::CheckpointDevices => engine.checkpoint_devices(pid),
-            Self::ResumeDevicesLate => engine.resume_devices_late(pid),
+        match (self, engine) {
+            (Self::PauseDevices, Engine::Dump(d)) => d.pause_devices(pid),
+            (Self::CheckpointDevices, Engine::Dump(d)) => d.checkpoint_devices(pid),
+            (Self::ResumeDevicesLate, Engine::Restore(r)) => r.resume_devices_late(pid),
+            // The other operation's hook (`task_hook` checks the stage first).
+            _ => Ok(Outcome::NotMine),
         }
     }
 }
@@ -271,7 +275,7 @@ pub fn init(stage: Stage, mh: &MaxHooks) -> Result<(), PluginError> {
             });
             let backend =
                 super::build_backend(plan.selected, plan.cfg.timeout, worker.clone(), custom);
-            let mut engine = Engine::new(
+            let mut core = Core::new(
                 backend,
                 Box::new(crate::ffi::ptrace::Ptrace),
                 // The host init probed with: its helper is running, failed or off by now, so
@@ -280,8 +284,14 @@ pub fn init(stage: Stage, mh: &MaxHooks) -> Result<(), PluginError> {
                 plan.cfg,
             );
             if let Some(h) = &helper {
-                engine = engine.with_guard(Box::new(LinkGuard(Arc::clone(h))));
+                core = core.with_guard(Box::new(LinkGuard(Arc::clone(h))));
             }
+            // `start` enables the plugin only to dump or to restore.
+            let engine = if stage == Stage::DUMP {
+                Engine::Dump(Dump::new(core))
+            } else {
+                Engine::Restore(Restore::new(core))
+            };
             *active() = Some(Active {
                 stage,
                 engine: Some(engine),
@@ -324,11 +334,11 @@ pub fn task_hook(hook: TaskHook, pid: c_int) -> Result<Outcome, PluginError> {
     if *s != stage {
         return Ok(Outcome::NotMine);
     }
-    let _ = engine.take_spent();
+    let _ = engine.core().take_spent();
     let t = Instant::now();
     let r = hook.run(engine, pid);
     let ms = t.elapsed().as_secs_f64() * 1000.0;
-    let spent = engine.take_spent();
+    let spent = engine.core().take_spent();
     match r {
         Ok(Outcome::Handled) => {
             let in_ms = |d: std::time::Duration| Tenths(d.as_secs_f64() * 1000.0);
@@ -337,7 +347,7 @@ pub fn task_hook(hook: TaskHook, pid: c_int) -> Result<Outcome, PluginError> {
                 &format!(
                     "{name} pid {pid}: waited {} ms on {}, {} ms on restore-thread control",
                     in_ms(spent.backend),
-                    engine.backend().kind(),
+                    engine.core().backend().kind(),
                     in_ms(spent.threads)
                 ),
             );
@@ -348,7 +358,7 @@ pub fn task_hook(hook: TaskHook, pid: c_int) -> Result<Outcome, PluginError> {
             Ok(Outcome::Handled)
         }
         Ok(Outcome::NotMine) => {
-            if engine.take_batch_ran() {
+            if engine.core_mut().take_batch_ran() {
                 // Not a CUDA task, but this call ran every task's work (parallel mode).
                 log(
                     Level::Debug,
@@ -373,24 +383,24 @@ pub fn exit(stage: Stage, ret: c_int) {
     {
         let Some(mut a) = active().take() else { return };
         if let Some(engine) = a.engine.as_mut() {
-            if a.stage == Stage::DUMP && stage == Stage::DUMP {
-                // After DUMP_FINISH: rolls back only if the dump failed after it; errors are
-                // logged by the engine.
-                let _ = engine.dump_finish(ret);
+            match engine {
+                Engine::Dump(d) if stage == Stage::DUMP => {
+                    // After DUMP_FINISH: rolls back only if the dump failed after it; errors
+                    // are logged by the engine.
+                    let _ = d.dump_finish(ret);
+                }
+                Engine::Restore(r) if stage == Stage::RESTORE => r.restore_finish(ret),
+                _ => {}
             }
-            if a.stage == Stage::RESTORE && stage == Stage::RESTORE {
-                engine.restore_finish(ret);
-            }
-            if let Some(n) = engine.backend().executions() {
+            if let Some(n) = engine.core().backend().executions() {
                 log(
                     Level::Info,
                     &format!("cuda-checkpoint ran {n} time(s) in this {}", a.stage.name()),
                 );
             }
-            let mode = if a.stage == Stage::DUMP {
-                engine.finish_mode()
-            } else {
-                FinishMode::Done
+            let mode = match engine {
+                Engine::Dump(d) => d.finish_mode(),
+                Engine::Restore(_) => FinishMode::Done,
             };
             finish_helper(a.helper.as_ref(), mode);
         } else {
@@ -412,13 +422,12 @@ pub fn exit(stage: Stage, ret: c_int) {
 pub fn dump_finish(ret: c_int) -> Result<Outcome, PluginError> {
     let mut guard = active();
     let Some(Active {
-        stage: Stage::DUMP,
-        engine: Some(engine),
+        engine: Some(Engine::Dump(dump)),
         ..
     }) = guard.as_mut()
     else {
         return Ok(Outcome::NotMine);
     };
-    engine.dump_finish(ret)?;
+    dump.dump_finish(ret)?;
     Ok(Outcome::Handled)
 }
