@@ -1,5 +1,5 @@
 //! The corpus must catch a broken plugin: a build of `cuda_plugin.so` that skips its rollback
-//! (`--cfg criu_cuda_mutant="skip-rollback"`, see plugin/src/engine.rs) is run through the
+//! (`--cfg criu_cuda_mutant="skip-rollback"`, see plugin/src/engine/dump/rollback.rs) is run through the
 //! rollback and leave-running scenarios, and the scenarios that pin a rollback must fail with
 //! it (they pass with the real plugin in the `scenarios` target).
 //!

@@ -120,7 +120,7 @@ const COMPOSED: &[(&str, &str)] = &[
     ("now running", "after a `{state}` value"),
     (
         "its state is now locked",
-        "engine.rs: `its state is now {state}`",
+        "engine/error.rs: `its state is now {state}`",
     ),
     (
         "exited with status",
@@ -128,22 +128,22 @@ const COMPOSED: &[(&str, &str)] = &[
     ),
     (
         "the CUDA state is failed",
-        "engine.rs: `the CUDA state is {state}`",
+        "engine/error.rs: `the CUDA state is {state}`",
     ),
     ("image cuda-plugin-", "image::file_name(pid)"),
     ("but its image cuda-plugin-", "image::file_name(pid)"),
     (".img is missing", "image::file_name(pid)"),
     (
         "is in state '",
-        "engine.rs: `is in state {state:?}`, a char",
+        "engine/error.rs: `is in state {state:?}`, a char",
     ),
     (
         "left of CRIU's freezing timeout",
-        "engine.rs: freeze_timeout_message() `left of {timeout}`",
+        "engine/error.rs: freeze_timeout_message() `left of {timeout}`",
     ),
     (
         "are left of CRIU's freezing timeout",
-        "engine.rs: freeze_timeout_message() `are left of {timeout}`",
+        "engine/error.rs: freeze_timeout_message() `are left of {timeout}`",
     ),
 ];
 
