@@ -196,6 +196,31 @@ mod tests {
         Fail(&'static str),
     }
 
+    /// `auto` takes the backends in the registry's order: with every one supported it uses
+    /// the first, and it only reaches the next when the first is unsupported.
+    #[test]
+    fn auto_follows_the_registry_order() {
+        use crate::backend::registry::BACKENDS;
+        let pick = |driver: Lib, cli: Cli| match select(
+            BackendChoice::Auto,
+            false,
+            || driver_probe(driver),
+            || cli_probe(cli),
+        ) {
+            Ok(Selection::Use(s)) => Some(s.kind()),
+            _ => None,
+        };
+        let all = pick(Lib::Version(13000), Cli::New { device_map: true });
+        assert_eq!(all, Some(BACKENDS[0].kind));
+        let second = pick(Lib::Absent, Cli::New { device_map: true });
+        assert_eq!(second, Some(BACKENDS[1].kind));
+        assert_eq!(
+            BACKENDS.len(),
+            2,
+            "a new backend needs its place in select()"
+        );
+    }
+
     fn driver_probe(l: Lib) -> DriverProbe {
         let load: Result<Arc<dyn CudaDriver>, LoadError> = match l {
             Lib::Absent => Err(LoadError::LibraryAbsent("libcuda.so.1: cannot open".into())),

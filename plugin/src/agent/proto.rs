@@ -251,6 +251,17 @@ pub enum GuardBackend {
     },
 }
 
+impl GuardBackend {
+    /// Which backend it is.
+    #[must_use]
+    pub fn kind(&self) -> crate::backend::BackendKind {
+        match self {
+            GuardBackend::DriverApi => crate::backend::BackendKind::DriverApi,
+            GuardBackend::Cli { .. } => crate::backend::BackendKind::CudaCheckpoint,
+        }
+    }
+}
+
 /// The guardian's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GuardConfig {

@@ -101,7 +101,8 @@ pub const CUDA_CHECKPOINT: Facts = Facts {
     is_program: true,
 };
 
-/// Every backend, in `backend=auto`'s order of preference.
+/// Every backend, in the order `backend=auto` prefers them ([`crate::select::select`] probes
+/// them in this order and takes the first that is supported).
 pub const BACKENDS: [Facts; 2] = [DRIVER_API, CUDA_CHECKPOINT];
 
 impl BackendKind {

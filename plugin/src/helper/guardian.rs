@@ -345,10 +345,7 @@ pub fn after_criu(e: Ending) -> i32 {
         &format!(
             "done ({} task(s), {} backend); exiting",
             tasks.len(),
-            match cfg.backend {
-                GuardBackend::DriverApi => "driver-api",
-                GuardBackend::Cli { .. } => "cuda-checkpoint",
-            }
+            cfg.backend.kind()
         ),
     );
     i32::from(failed)
