@@ -18,12 +18,13 @@
 //!   CRIU freezes every thread of a task wherever it is and then resumes the restore thread
 //!   alone, so the thread must never wait for something a workload thread can hold. It takes
 //!   no in-process lock a workload thread takes (its `Mutex`es are its own, the API gate is
-//!   atomics, it keeps its own copy of the world instead of [`World::from_env`]'s cache), and
+//!   atomics, it keeps its own copy of the world, and the world's caches are per thread), and
 //!   waits for workload threads in two places only: a lock waits (up to `timeoutMs`) for the
 //!   calls in the API gate, which is why CRIU locks a task before it freezes it; and the
-//!   world's state lock (`flock`, at most 10 s), which workload threads take inside the gate
-//!   (allocations, contexts), or outside it only to register the process, to count scripted
-//!   faults of calls made outside the gate, and in checkpoint calls of their own.
+//!   world's state lock (`flock`; a holder stopped for 300 ms is broken), which workload
+//!   threads take inside the gate (allocations, contexts), or outside it only to register the
+//!   process, to count scripted faults of calls made outside the gate, and in checkpoint calls
+//!   of their own.
 //!   `tests/restore_thread_stress.rs` (full mode) freezes a busy CUDA tree that way hundreds of
 //!   times.
 //! * an **API gate**: workload calls (allocations, copies, …) enter it; a lock waits for the
@@ -478,8 +479,7 @@ impl Runtime {
     ///
     /// Only the restore thread calls this, and it shares no lock with workload threads (which
     /// CRIU may freeze holding one, see the module documentation): it re-reads the config
-    /// itself instead of going through the process-wide cache, whose lock every driver call of
-    /// a workload thread takes.
+    /// itself, for the world it registered in.
     fn world(&self) -> Arc<World> {
         let mut w = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let stamp = std::fs::metadata(w.0.dir().join("world.toml"))
