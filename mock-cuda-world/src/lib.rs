@@ -5,6 +5,7 @@
 //! ```text
 //! <world>/world.toml        scripted config (driver, GPUs, faults)          -> config.rs
 //! <world>/state.json        runtime state, versioned, updated under a lock  -> state.rs
+//! <world>/procs/<id>.json   each CUDA process's entry in that state (by world id)
 //! <world>/state.lock        flock(2) target serialising state updates
 //! <world>/trace.log         one line per driver call                        -> trace.rs
 //! <world>/timeouts.log      one line per request that timed out            -> timeouts.rs
@@ -210,7 +211,7 @@ impl World {
     pub fn create(dir: &Path, config: &WorldConfig, mock_so: &Path) -> Result<World, WorldError> {
         let io = |p: &Path, e| WorldError::io(p, e);
         std::fs::create_dir_all(dir.join("lib")).map_err(|e| io(dir, e))?;
-        for sub in ["devmem", "mailbox", "transfers"] {
+        for sub in ["devmem", "mailbox", "transfers", state::PROCS_DIR] {
             let p = dir.join(sub);
             if p.exists() {
                 std::fs::remove_dir_all(&p).map_err(|e| io(&p, e))?;
@@ -228,7 +229,7 @@ impl World {
             id_salt: random_salt(),
             ..state::StateFile::default()
         };
-        state.store(&dir.join("state.json"))?;
+        state.store(dir)?;
         let trace = dir.join("trace.log");
         std::fs::write(&trace, b"").map_err(|e| io(&trace, e))?;
         // A re-created world starts without the old world's timeouts.
@@ -356,7 +357,7 @@ impl World {
     #[must_use]
     pub fn host_pid_ns(&self) -> u64 {
         self.host_ns
-            .get_or_init(|| self.read_state().ok().map(|s| s.host_pid_ns))
+            .get_or_init(|| self.read_own().ok().map(|s| s.host_pid_ns))
             .unwrap_or(0)
     }
 
