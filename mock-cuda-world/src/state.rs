@@ -672,6 +672,11 @@ impl World {
 /// rename is a few microseconds, the one window the model leaves open.
 pub const LOCK_BREAK_AFTER: Duration = Duration::from_millis(300);
 
+/// The longest pause between two tries at the state lock (the first is
+/// [`crate::sys::LOCK_RETRY`], each next one twice as long). An update holds the lock for well
+/// under a millisecond on an idle machine.
+const LOCK_RETRY_MAX: Duration = Duration::from_millis(2);
+
 /// The world's state lock, held: an exclusive `flock(2)` on `state.lock`, which also names
 /// its holder (`<pid> <tid>`) for waiters.
 struct StateLock {
@@ -687,6 +692,14 @@ impl StateLock {
     ) -> Result<StateLock, Option<std::io::Error>> {
         use crate::sys::{open_lock_file, try_flock, LOCK_RETRY};
         use std::os::unix::fs::FileExt;
+        // Tries come further apart the longer the wait (up to LOCK_RETRY_MAX): 64 processes
+        // starting at once each tried every 200 us, and their tries took the CPU the holder
+        // needed to let go (lock waits of up to 2 s behind holds of a few milliseconds).
+        let mut pause = LOCK_RETRY;
+        let mut retry = || {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(LOCK_RETRY_MAX);
+        };
         // Since when the holder seen (by tid) has been stopped.
         let mut stopped_since: Option<(String, Instant)> = None;
         let mut next_look = Instant::now() + Duration::from_millis(50);
@@ -718,7 +731,7 @@ impl StateLock {
             // The holder is looked at every 50 ms, not on every try: 32 waiters reading /proc
             // at once would starve the holder they wait for.
             if now < next_look {
-                std::thread::sleep(LOCK_RETRY);
+                retry();
                 continue;
             }
             next_look = now + Duration::from_millis(50);
@@ -751,7 +764,7 @@ impl StateLock {
                 _ if stopped => stopped_since = Some((holder, now)),
                 _ => stopped_since = None,
             }
-            std::thread::sleep(LOCK_RETRY);
+            retry();
         }
     }
 
