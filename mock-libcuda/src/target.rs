@@ -345,26 +345,52 @@ pub fn ensure_registered(
     let _ = rt.restore_tid.set(tid);
     let devices: Vec<GpuUuidText> = devices.iter().copied().map(GpuUuidText).collect();
     let host_pid = host_pid_hint(world);
-    world
-        .update_process(id, |slot| {
-            *slot = Some(crate::world::state::ProcessEntry {
-                pid: host_pid,
-                pid_ns: me.ns,
-                nspid: me.pid,
-                state: CUprocessState::RUNNING.0,
-                restore_tid: tid,
-                devices: devices.clone(),
-                contexts: Vec::new(),
-                allocations: Vec::new(),
-                checkpointed: Vec::new(),
-                reserved: Vec::new(),
-                custom_storage: false,
-                open_caller: None,
-                collective: collective.clone(),
-                locking: false,
-            });
+    let entry = crate::world::state::ProcessEntry {
+        pid: host_pid,
+        pid_ns: me.ns,
+        nspid: me.pid,
+        state: CUprocessState::RUNNING.0,
+        restore_tid: tid,
+        devices,
+        contexts: Vec::new(),
+        allocations: Vec::new(),
+        checkpointed: Vec::new(),
+        reserved: Vec::new(),
+        custom_storage: false,
+        open_caller: None,
+        collective,
+        locking: false,
+    };
+    // A process of the world whose identity this one has taken (a pid reused) is dead: its
+    // entry goes, with its device memory, unless it is checkpointed (its images may be
+    // restored). `driver::resolve` finds a process it knows as it is by its own entry alone,
+    // so it would not see such an entry.
+    let gone = world
+        .update(|st| {
+            let dead: Vec<u64> = st
+                .processes
+                .iter()
+                .filter(|(other, e)| {
+                    **other != id
+                        && me.ns != 0
+                        && e.identity() == me
+                        && e.state() != CUprocessState::CHECKPOINTED
+                })
+                .map(|(other, _)| *other)
+                .collect();
+            let gone: Vec<(u64, crate::world::state::ProcessEntry)> = dead
+                .into_iter()
+                .filter_map(|other| st.processes.remove(&other).map(|e| (other, e)))
+                .collect();
+            st.processes.insert(id, entry.clone());
+            gone
         })
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    for (other, e) in gone {
+        for a in &e.allocations {
+            let _ = std::fs::remove_file(world.devmem_path(other, a.id));
+        }
+    }
     let _ = RUNTIME.set(rt);
     Ok(RUNTIME.get().expect("just set"))
 }
