@@ -5,6 +5,9 @@
 //!
 //! known_failure = "…"  # optional: runs, a failure is "xfail", a pass is an error
 //!
+//! alone = true         # optional: no other scenario of the run runs beside it (a tree of
+//!                      # dozens of tasks, whose dump must fit CRIU's freeze alarm)
+//!
 //! requires = ["restore-as-dumped"]  # optional: capabilities the CUDA plugin under test needs
 //!                      # (see [`Capability`]); what the options, faults and steps already
 //!                      # imply is added (`Scenario::requirements`). A plugin without one of
@@ -175,6 +178,12 @@ pub struct Scenario {
     /// runs, its failure is reported as "xfail" with this reason, and a pass is an error.
     #[serde(default)]
     pub known_failure: Option<String>,
+    /// Runs with no other scenario beside it in this process ([`crate::runner::run_with`]):
+    /// for a tree large enough that sharing a 2-core runner with three other scenarios (the
+    /// corpus runs four at a time) starves the plugin's lock-ahead of the CPU it needs within
+    /// CRIU's freeze alarm.
+    #[serde(default)]
+    pub alone: bool,
     /// Capabilities the CUDA plugin under test needs beyond what the scenario's options, faults
     /// and steps imply (see [`Scenario::requirements`]).
     #[serde(default)]

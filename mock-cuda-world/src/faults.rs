@@ -28,7 +28,7 @@ impl World {
         if matching.is_empty() {
             return Ok(None);
         }
-        self.update(|st| {
+        self.update_own(|st| {
             let mut fired = None;
             for &i in &matching {
                 let n = st.fault_counts.entry(i).or_insert(0);

@@ -5,6 +5,7 @@
 //! ```text
 //! <world>/world.toml        scripted config (driver, GPUs, faults)          -> config.rs
 //! <world>/state.json        runtime state, versioned, updated under a lock  -> state.rs
+//! <world>/procs/<id>.json   each CUDA process's entry in that state (by world id)
 //! <world>/state.lock        flock(2) target serialising state updates
 //! <world>/trace.log         one line per driver call                        -> trace.rs
 //! <world>/timeouts.log      one line per request that timed out            -> timeouts.rs
@@ -42,7 +43,7 @@ pub mod transfers;
 
 use crate::config::WorldConfig;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Every driver symbol the mock `libcuda.so.1` exports (what a world can hide; what a world
 /// removes from its copy of the NVML stand-in, which links the same world code).
@@ -171,25 +172,35 @@ impl World {
         })
     }
 
-    /// The world named by [`WORLD_ENV`]. Opened once per process and directory, and opened
+    /// The world named by [`WORLD_ENV`]. Opened once per thread and directory, and opened
     /// again when its `world.toml` changes (`mock-world configure`): a process restored onto
     /// "another host" must see that host's GPUs.
+    ///
+    /// The cache is the calling thread's own, not the process's: CRIU freezes a workload's
+    /// threads at any point, and one frozen while it held a process-wide cache would block
+    /// every other thread's next driver call, the restore thread's included (which must serve
+    /// the driver while its task is frozen). The same holds for the parsed state
+    /// ([`state`]'s caches).
     pub fn from_env() -> Result<Arc<World>, WorldError> {
-        static CACHE: Mutex<Option<(Arc<World>, Option<std::time::SystemTime>)>> = Mutex::new(None);
+        type Opened = Option<(Arc<World>, Option<std::time::SystemTime>)>;
+        thread_local! {
+            static CACHE: std::cell::RefCell<Opened> = const { std::cell::RefCell::new(None) };
+        }
         let dir = std::env::var_os(WORLD_ENV)
             .filter(|d| !d.is_empty())
             .ok_or(WorldError::NoWorld)?;
         let stamp = std::fs::metadata(Path::new(&dir).join("world.toml"))
             .and_then(|m| m.modified())
             .ok();
-        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((w, seen)) = cache.as_ref() {
-            if w.dir.as_os_str() == dir && *seen == stamp {
-                return Ok(Arc::clone(w));
-            }
+        let hit = CACHE.with_borrow(|c| match c {
+            Some((w, seen)) if w.dir.as_os_str() == dir && *seen == stamp => Some(Arc::clone(w)),
+            _ => None,
+        });
+        if let Some(w) = hit {
+            return Ok(w);
         }
         let w = Arc::new(World::open(Path::new(&dir))?);
-        *cache = Some((Arc::clone(&w), stamp));
+        CACHE.set(Some((Arc::clone(&w), stamp)));
         Ok(w)
     }
 
@@ -200,7 +211,7 @@ impl World {
     pub fn create(dir: &Path, config: &WorldConfig, mock_so: &Path) -> Result<World, WorldError> {
         let io = |p: &Path, e| WorldError::io(p, e);
         std::fs::create_dir_all(dir.join("lib")).map_err(|e| io(dir, e))?;
-        for sub in ["devmem", "mailbox", "transfers"] {
+        for sub in ["devmem", "mailbox", "transfers", state::PROCS_DIR] {
             let p = dir.join(sub);
             if p.exists() {
                 std::fs::remove_dir_all(&p).map_err(|e| io(&p, e))?;
@@ -218,7 +229,7 @@ impl World {
             id_salt: random_salt(),
             ..state::StateFile::default()
         };
-        state.store(&dir.join("state.json"))?;
+        state.store(dir)?;
         let trace = dir.join("trace.log");
         std::fs::write(&trace, b"").map_err(|e| io(&trace, e))?;
         // A re-created world starts without the old world's timeouts.
@@ -346,7 +357,7 @@ impl World {
     #[must_use]
     pub fn host_pid_ns(&self) -> u64 {
         self.host_ns
-            .get_or_init(|| self.read_state().ok().map(|s| s.host_pid_ns))
+            .get_or_init(|| self.read_own().ok().map(|s| s.host_pid_ns))
             .unwrap_or(0)
     }
 

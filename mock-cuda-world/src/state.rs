@@ -1,7 +1,16 @@
-//! Runtime state of a world (`state.json`): one entry per CUDA process, updated atomically
-//! (read-modify-write under an exclusive `flock(2)` on `state.lock`, then a rename; readers take
-//! no lock). The file carries a format tag and version; a
-//! corrupt or foreign file is an error naming the file, never silently replaced.
+//! Runtime state of a world: the world's own fields in `state.json` (its host, its counters:
+//! world ids, allocation ids, fault matches) and each CUDA process's entry in a file of its own,
+//! `procs/<world id>.json`. Every change is a read-modify-write under one exclusive `flock(2)` on
+//! `state.lock`, then a rename of each file it changed; readers take no lock. A change reads and
+//! writes only the files it concerns: a process changing its own entry (its state at a lock, its
+//! contexts, its restore thread) reads and writes that entry alone, so the lock is held for
+//! microseconds whatever the number of processes, and a process looking at its own entry (a
+//! workload's memory copies) reads one small file. `state.json` carries a format tag and
+//! version; a corrupt or foreign file is an error naming the file, never silently replaced.
+//!
+//! A reader of the whole state ([`World::read_state`]) reads the files one after another: each
+//! entry is one whole version of itself, but a change to two entries at once (rare: a dead
+//! process's entry dropped while another takes its identity) may be seen half made.
 
 use super::config::GpuUuidText;
 use super::pidns::{NsIdentity, ProcessRef};
@@ -14,14 +23,17 @@ use std::time::{Duration, Instant};
 
 /// Format tag of `state.json`.
 pub const STATE_FORMAT: &str = "mock-cuda-world-state";
-/// Version of `state.json` (2: processes by world id, with their namespace identity).
-pub const STATE_VERSION: u32 = 2;
+/// Version of `state.json` (2: processes by world id, with their namespace identity; 3: each
+/// process's entry in `procs/<id>.json`).
+pub const STATE_VERSION: u32 = 3;
+/// The directory of the processes' entries, one `<world id>.json` each.
+pub const PROCS_DIR: &str = "procs";
 /// How long a process waits for the state lock before reporting an error. An update takes
 /// milliseconds; the bound is for a holder that never lets go, not for the queue of 32 tasks
 /// registering at once on a loaded 2-core runner beside other scenarios.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The whole runtime state.
+/// The whole runtime state: `state.json` and the processes' entries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateFile {
@@ -34,7 +46,8 @@ pub struct StateFile {
     pub id_salt: u32,
     /// How many processes registered so far (the counter part of world ids).
     pub registered: u64,
-    /// CUDA processes by world id.
+    /// CUDA processes by world id (each in `procs/<id>.json`, not in `state.json`).
+    #[serde(skip)]
     pub processes: BTreeMap<u64, ProcessEntry>,
     /// Matching-call counters of the scripted faults, by fault index.
     pub fault_counts: BTreeMap<usize, u64>,
@@ -264,13 +277,25 @@ impl StateFile {
         joined >= c.size as usize
     }
 
-    /// Reads and validates a state file.
-    pub fn load(path: &Path) -> Result<StateFile, WorldError> {
-        let text = std::fs::read_to_string(path).map_err(|e| WorldError::io(path, e))?;
-        StateFile::parse(&text, path)
+    /// Reads and validates the state of the world at `dir`: `state.json` and every entry of
+    /// `procs/`.
+    pub fn load(dir: &Path) -> Result<StateFile, WorldError> {
+        let path = dir.join("state.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| WorldError::io(&path, e))?;
+        let mut st = StateFile::parse(&text, &path)?;
+        for (id, path) in entry_files(dir)? {
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(WorldError::io(&path, e)),
+            };
+            st.processes
+                .insert(id, parse_entry(text.as_bytes(), &path)?);
+        }
+        Ok(st)
     }
 
-    /// Validates the text of the state file `path`.
+    /// Validates the text of the state file `path` (its processes are not in it).
     fn parse(text: &str, path: &Path) -> Result<StateFile, WorldError> {
         let bad = |reason: String| WorldError::State {
             path: path.display().to_string(),
@@ -295,33 +320,119 @@ impl StateFile {
         serde_json::from_value(value).map_err(|e| bad(format!("malformed ({e})")))
     }
 
-    /// Writes the state atomically.
-    pub fn store(&self, path: &Path) -> Result<(), WorldError> {
+    /// Writes the whole state of the world at `dir` (each file atomically): `state.json`, an
+    /// entry per process, and no entry of a process it does not hold.
+    pub fn store(&self, dir: &Path) -> Result<(), WorldError> {
+        let procs = dir.join(PROCS_DIR);
+        std::fs::create_dir_all(&procs).map_err(|e| WorldError::io(&procs, e))?;
+        for (id, path) in entry_files(dir)? {
+            if !self.processes.contains_key(&id) {
+                remove_entry_file(&path)?;
+            }
+        }
+        for (id, e) in &self.processes {
+            store_entry(&entry_path(dir, *id), e)?;
+        }
+        self.store_own(dir)
+    }
+
+    /// Writes `state.json` alone (atomically).
+    fn store_own(&self, dir: &Path) -> Result<(), WorldError> {
         let text = serde_json::to_string_pretty(self).expect("state always serialises");
-        write_atomic(path, text.as_bytes())
+        write_atomic(&dir.join("state.json"), text.as_bytes())
+    }
+
+    /// Whether `self` and `other` differ in what `state.json` holds (not in their processes).
+    fn same_own(&self, other: &StateFile) -> bool {
+        self.format == other.format
+            && self.version == other.version
+            && self.host_pid_ns == other.host_pid_ns
+            && self.id_salt == other.id_salt
+            && self.registered == other.registered
+            && self.fault_counts == other.fault_counts
+            && self.next_alloc == other.next_alloc
     }
 }
 
+/// The file of the entry of world id `id` in the world at `dir`.
+fn entry_path(dir: &Path, id: u64) -> std::path::PathBuf {
+    dir.join(PROCS_DIR).join(format!("{id}.json"))
+}
+
+/// The entry files of the world at `dir`, by world id (nothing when it has no `procs/`).
+/// Other names (a writer's temporary files) are not entries.
+fn entry_files(dir: &Path) -> Result<Vec<(u64, std::path::PathBuf)>, WorldError> {
+    let procs = dir.join(PROCS_DIR);
+    let list = match std::fs::read_dir(&procs) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(WorldError::io(&procs, e)),
+    };
+    let mut out = Vec::new();
+    for item in list {
+        let item = item.map_err(|e| WorldError::io(&procs, e))?;
+        let name = item.file_name();
+        let id = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".json"))
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(id) = id {
+            out.push((id, item.path()));
+        }
+    }
+    Ok(out)
+}
+
+/// Validates the bytes of the entry file `path`.
+fn parse_entry(bytes: &[u8], path: &Path) -> Result<ProcessEntry, WorldError> {
+    serde_json::from_slice(bytes).map_err(|e| WorldError::State {
+        path: path.display().to_string(),
+        reason: format!("not a process entry ({e})"),
+    })
+}
+
+fn store_entry(path: &Path, e: &ProcessEntry) -> Result<(), WorldError> {
+    let text = serde_json::to_vec(e).expect("an entry always serialises");
+    write_atomic(path, &text)
+}
+
+fn remove_entry_file(path: &Path) -> Result<(), WorldError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(WorldError::io(path, e)),
+        _ => Ok(()),
+    }
+}
+
+thread_local! {
+    /// The calling thread's last parse of `state.json`: (path, bytes, parsed).
+    static OWN_CACHE: std::cell::RefCell<Option<(std::path::PathBuf, Vec<u8>, StateFile)>> =
+        const { std::cell::RefCell::new(None) };
+    /// The calling thread's last parse of each entry file it read: path -> (bytes, parsed).
+    static ENTRY_CACHE: std::cell::RefCell<std::collections::HashMap<std::path::PathBuf, (Vec<u8>, ProcessEntry)>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Entries a thread keeps parsed at most (a test process opens many worlds).
+const ENTRY_CACHE_MAX: usize = 4096;
+
 impl World {
-    /// The state file as it is now: read whole every time, but parsed again only when its
-    /// bytes differ from those this thread last parsed for this path (else a copy of what it
-    /// parsed then). Every CUDA call of a workload reads the state, and parsing it is what
-    /// costs: with 64 processes, 64 workloads checking their memory every 50 ms parsed its 30 KB
+    /// `state.json` as it is now, without the processes: read whole every time, but parsed
+    /// again only when its bytes differ from those this thread last parsed for this path (else
+    /// a copy of what it parsed then). Entries are read the same way ([`Self::load_entry`]).
+    /// Every CUDA call of a workload looks at the state, and parsing is what costs: with 64
+    /// processes in one file, 64 workloads checking their memory every 50 ms parsed its 30 KB
     /// over a thousand times a second, which took most of a 2-core machine.
     ///
-    /// The cache is the calling thread's own: a workload's threads are frozen by CRIU at any
+    /// The caches are the calling thread's own: a workload's threads are frozen by CRIU at any
     /// point, and one frozen while holding a cache shared by the process (or in `malloc` while
     /// another thread frees what it allocated) would block the restore thread, which must serve
     /// the driver's requests while its task is frozen (`restore_thread_stress` caught exactly
     /// that with a process-wide cache).
-    fn load_state(&self) -> Result<StateFile, WorldError> {
-        thread_local! {
-            static CACHE: std::cell::RefCell<Option<(std::path::PathBuf, Vec<u8>, StateFile)>> =
-                const { std::cell::RefCell::new(None) };
-        }
+    fn load_own(&self) -> Result<StateFile, WorldError> {
         let path = self.state_path();
         let bytes = std::fs::read(&path).map_err(|e| WorldError::io(&path, e))?;
-        let hit = CACHE.with_borrow(|c| match c {
+        let hit = OWN_CACHE.with_borrow(|c| match c {
             Some((p, seen, st)) if *p == path && *seen == bytes => Some(st.clone()),
             _ => None,
         });
@@ -333,35 +444,180 @@ impl World {
             reason: format!("not UTF-8 ({e})"),
         })?;
         let st = StateFile::parse(&text, &path)?;
-        CACHE.set(Some((path, text.into_bytes(), st.clone())));
+        OWN_CACHE.set(Some((path, text.into_bytes(), st.clone())));
         Ok(st)
     }
 
-    /// Runs `f` on the state under the world's exclusive lock and stores the result. `f` may
-    /// run more than once: when the lock was broken while this thread was stopped holding it
-    /// (see [`LOCK_BREAK_AFTER`]), its first result is discarded and the update starts again
-    /// on the state as it is now. An error is also written to the world's error log.
+    /// The entry of world id `id` as it is now (`None` when the world has none), from its file
+    /// (see [`Self::load_own`] for the cache).
+    fn load_entry(&self, id: u64) -> Result<Option<ProcessEntry>, WorldError> {
+        self.load_entry_at(&entry_path(self.dir(), id))
+    }
+
+    fn load_entry_at(&self, path: &Path) -> Result<Option<ProcessEntry>, WorldError> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(WorldError::io(path, e)),
+        };
+        let hit = ENTRY_CACHE.with_borrow(|c| {
+            c.get(path)
+                .filter(|(seen, _)| *seen == bytes)
+                .map(|(_, e)| e.clone())
+        });
+        if let Some(e) = hit {
+            return Ok(Some(e));
+        }
+        let e = parse_entry(&bytes, path)?;
+        ENTRY_CACHE.with_borrow_mut(|c| {
+            if c.len() >= ENTRY_CACHE_MAX {
+                c.clear();
+            }
+            c.insert(path.to_path_buf(), (bytes, e.clone()));
+        });
+        Ok(Some(e))
+    }
+
+    /// The whole state as it is now: `state.json`, then every entry.
+    fn load_state(&self) -> Result<StateFile, WorldError> {
+        let mut st = self.load_own()?;
+        for (id, path) in entry_files(self.dir())? {
+            // An entry removed since the listing is no longer there.
+            if let Some(e) = self.load_entry_at(&path)? {
+                st.processes.insert(id, e);
+            }
+        }
+        Ok(st)
+    }
+
+    /// Runs `f` on the whole state under the world's exclusive lock and stores what it changed
+    /// (the entries it changed, added or removed, and `state.json`). `f` may run more than once:
+    /// when the lock was broken while this thread was stopped holding it (see
+    /// [`LOCK_BREAK_AFTER`]), its first result is discarded and the update starts again on the
+    /// state as it is now. An error is also written to the world's error log. An update of one
+    /// process's entry is [`Self::update_entry`] (or [`Self::update_process`]), of the world's
+    /// own fields [`Self::update_own`]: they read and write nothing else.
     pub fn update<R>(&self, mut f: impl FnMut(&mut StateFile) -> R) -> Result<R, WorldError> {
         self.logged("state update", || loop {
             let guard = self.lock_state()?;
-            let path = self.state_path();
             let mut state = self.load_state()?;
             let before = state.clone();
             let r = f(&mut state);
             if state == before {
                 return Ok(r);
             }
-            if !guard.still_held() {
-                self.log_error(&format!(
-                    "state update: the state lock was broken while thread {} held it \
-                     (stopped); the update starts again",
-                    nix::unistd::gettid()
-                ));
+            if !self.still_ours(&guard) {
                 continue;
             }
-            state.store(&path)?;
+            let dir = self.dir();
+            for (id, e) in &state.processes {
+                if before.processes.get(id) != Some(e) {
+                    store_entry(&entry_path(dir, *id), e)?;
+                }
+            }
+            for id in before.processes.keys() {
+                if !state.processes.contains_key(id) {
+                    remove_entry_file(&entry_path(dir, *id))?;
+                }
+            }
+            if !state.same_own(&before) {
+                state.store_own(dir)?;
+            }
             return Ok(r);
         })
+    }
+
+    /// [`Self::update`] when it would change something: `f` runs first on the state as a
+    /// reader sees it, without the lock, and only when it changes that state does the update
+    /// run under the lock. For a look that usually changes nothing (resolving a pid every call
+    /// makes); `f` must act on the state alone (it may run on a state that is not stored).
+    pub fn update_if_changed<R>(
+        &self,
+        mut f: impl FnMut(&mut StateFile) -> R,
+    ) -> Result<R, WorldError> {
+        let mut seen = self.read_state()?;
+        let before = seen.clone();
+        let r = f(&mut seen);
+        if seen == before {
+            return Ok(r);
+        }
+        self.update(f)
+    }
+
+    /// Runs `f` on the entry of world id `id` (`None` when the world has none: setting it adds
+    /// one, clearing it removes it) under the world's exclusive lock, and stores it when `f`
+    /// changed it; nothing else is read or written. As [`Self::update`] otherwise.
+    pub fn update_process<R>(
+        &self,
+        id: u64,
+        mut f: impl FnMut(&mut Option<ProcessEntry>) -> R,
+    ) -> Result<R, WorldError> {
+        self.logged("state update", || loop {
+            let guard = self.lock_state()?;
+            let mut slot = self.load_entry(id)?;
+            let before = slot.clone();
+            let r = f(&mut slot);
+            if slot == before {
+                return Ok(r);
+            }
+            if !self.still_ours(&guard) {
+                continue;
+            }
+            let path = entry_path(self.dir(), id);
+            match &slot {
+                Some(e) => store_entry(&path, e)?,
+                None => remove_entry_file(&path)?,
+            }
+            return Ok(r);
+        })
+    }
+
+    /// Runs `f` on the entry of world id `id`, if the world has one (`Ok(None)` when it has
+    /// not): [`Self::update_process`] for a change of an entry that exists.
+    pub fn update_entry<R>(
+        &self,
+        id: u64,
+        mut f: impl FnMut(&mut ProcessEntry) -> R,
+    ) -> Result<Option<R>, WorldError> {
+        self.update_process(id, |slot| slot.as_mut().map(&mut f))
+    }
+
+    /// Runs `f` on the world's own fields (`state.json`: its counters, its host) under the
+    /// world's exclusive lock; `f` sees no processes (and a change to them is not stored). As
+    /// [`Self::update`] otherwise.
+    pub fn update_own<R>(&self, mut f: impl FnMut(&mut StateFile) -> R) -> Result<R, WorldError> {
+        self.logged("state update", || loop {
+            let guard = self.lock_state()?;
+            let mut state = self.load_own()?;
+            let before = state.clone();
+            let r = f(&mut state);
+            debug_assert!(
+                state.processes.is_empty(),
+                "update_own changed the processes"
+            );
+            if state.same_own(&before) {
+                return Ok(r);
+            }
+            if !self.still_ours(&guard) {
+                continue;
+            }
+            state.store_own(self.dir())?;
+            return Ok(r);
+        })
+    }
+
+    /// Whether this thread still holds the lock `guard` (no waiter broke it while the thread
+    /// was stopped): if not, logged, and the update starts again.
+    fn still_ours(&self, guard: &StateLock) -> bool {
+        if guard.still_held() {
+            return true;
+        }
+        self.log_error(&format!(
+            "state update: the state lock was broken while thread {} held it \
+             (stopped); the update starts again",
+            nix::unistd::gettid()
+        ));
+        false
     }
 
     fn logged<R>(
@@ -372,12 +628,25 @@ impl World {
         f().inspect_err(|e| self.log_error(&format!("{what}: {e}")))
     }
 
-    /// A consistent snapshot of the state. Takes no lock: writers replace the file atomically
-    /// (write, then rename), so a reader sees one whole version. Workloads read the state from
-    /// threads that CRIU may freeze at any point; a reader must never hold the world's lock.
-    /// An error is also written to the world's error log.
+    /// The whole state as it is now. Takes no lock: writers replace each file atomically
+    /// (write, then rename), so a reader sees one whole version of each (module
+    /// documentation). Workloads read the state from threads that CRIU may freeze at any
+    /// point; a reader must never hold the world's lock. An error is also written to the
+    /// world's error log.
     pub fn read_state(&self) -> Result<StateFile, WorldError> {
         self.logged("state read", || self.load_state())
+    }
+
+    /// The entry of world id `id` as it is now (`None` when the world has none), read alone
+    /// and without the lock (as [`Self::read_state`]).
+    pub fn read_process(&self, id: u64) -> Result<Option<ProcessEntry>, WorldError> {
+        self.logged("state read", || self.load_entry(id))
+    }
+
+    /// The world's own fields as they are now (`state.json`; no processes), read without the
+    /// lock.
+    pub fn read_own(&self) -> Result<StateFile, WorldError> {
+        self.logged("state read", || self.load_own())
     }
 
     fn lock_state(&self) -> Result<StateLock, WorldError> {
@@ -403,6 +672,11 @@ impl World {
 /// rename is a few microseconds, the one window the model leaves open.
 pub const LOCK_BREAK_AFTER: Duration = Duration::from_millis(300);
 
+/// The longest pause between two tries at the state lock (the first is
+/// [`crate::sys::LOCK_RETRY`], each next one twice as long). An update holds the lock for well
+/// under a millisecond on an idle machine.
+const LOCK_RETRY_MAX: Duration = Duration::from_millis(2);
+
 /// The world's state lock, held: an exclusive `flock(2)` on `state.lock`, which also names
 /// its holder (`<pid> <tid>`) for waiters.
 struct StateLock {
@@ -418,6 +692,14 @@ impl StateLock {
     ) -> Result<StateLock, Option<std::io::Error>> {
         use crate::sys::{open_lock_file, try_flock, LOCK_RETRY};
         use std::os::unix::fs::FileExt;
+        // Tries come further apart the longer the wait (up to LOCK_RETRY_MAX): 64 processes
+        // starting at once each tried every 200 us, and their tries took the CPU the holder
+        // needed to let go (lock waits of up to 2 s behind holds of a few milliseconds).
+        let mut pause = LOCK_RETRY;
+        let mut retry = || {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(LOCK_RETRY_MAX);
+        };
         // Since when the holder seen (by tid) has been stopped.
         let mut stopped_since: Option<(String, Instant)> = None;
         let mut next_look = Instant::now() + Duration::from_millis(50);
@@ -449,7 +731,7 @@ impl StateLock {
             // The holder is looked at every 50 ms, not on every try: 32 waiters reading /proc
             // at once would starve the holder they wait for.
             if now < next_look {
-                std::thread::sleep(LOCK_RETRY);
+                retry();
                 continue;
             }
             next_look = now + Duration::from_millis(50);
@@ -482,7 +764,7 @@ impl StateLock {
                 _ if stopped => stopped_since = Some((holder, now)),
                 _ => stopped_since = None,
             }
-            std::thread::sleep(LOCK_RETRY);
+            retry();
         }
     }
 
@@ -574,9 +856,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = "schema = 1\n[driver]\nbranch = 580\n";
         std::fs::write(dir.path().join("world.toml"), cfg).unwrap();
-        StateFile::default()
-            .store(&dir.path().join("state.json"))
-            .unwrap();
+        StateFile::default().store(dir.path()).unwrap();
         let w = World::open(dir.path()).unwrap();
         (dir, w)
     }
@@ -670,9 +950,9 @@ mod tests {
             if runs == 1 {
                 // What a waiter does to a stopped holder, and another update after it.
                 std::fs::remove_file(w.lock_path()).unwrap();
-                let mut other = StateFile::load(&w.state_path()).unwrap();
+                let mut other = StateFile::load(w.dir()).unwrap();
                 other.next_alloc = 10;
-                other.store(&w.state_path()).unwrap();
+                other.store(w.dir()).unwrap();
             }
             st.next_alloc += 1;
         })
@@ -730,32 +1010,135 @@ mod tests {
 
     fn dir_round_trip(st: &StateFile) -> StateFile {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("state.json");
-        st.store(&p).unwrap();
-        StateFile::load(&p).unwrap()
+        st.store(dir.path()).unwrap();
+        StateFile::load(dir.path()).unwrap()
     }
 
     #[test]
     fn corrupt_and_foreign_files_are_named_errors() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("state.json");
+        let load = || StateFile::load(dir.path());
         std::fs::write(&p, "{ not json").unwrap();
-        let e = StateFile::load(&p).unwrap_err().to_string();
+        let e = load().unwrap_err().to_string();
         assert!(
             e.contains("state.json") && e.contains("not valid JSON"),
             "{e}"
         );
         std::fs::write(&p, r#"{"format":"something-else","version":1}"#).unwrap();
-        let e = StateFile::load(&p).unwrap_err().to_string();
+        let e = load().unwrap_err().to_string();
         assert!(e.contains("something-else"), "{e}");
         std::fs::write(&p, r#"{"format":"mock-cuda-world-state","version":99}"#).unwrap();
-        let e = StateFile::load(&p).unwrap_err().to_string();
+        let e = load().unwrap_err().to_string();
         assert!(e.contains("version 99"), "{e}");
-        // A world of the previous version (processes by pid) is refused, not misread.
-        std::fs::write(&p, r#"{"format":"mock-cuda-world-state","version":1}"#).unwrap();
-        let e = StateFile::load(&p).unwrap_err().to_string();
-        assert!(e.contains("version 1 is not supported"), "{e}");
-        StateFile::default().store(&p).unwrap();
-        assert_eq!(StateFile::load(&p).unwrap(), StateFile::default());
+        // Worlds of the earlier versions (processes by pid; all processes in state.json) are
+        // refused, not misread.
+        for v in [1, 2] {
+            std::fs::write(
+                &p,
+                format!(r#"{{"format":"mock-cuda-world-state","version":{v}}}"#),
+            )
+            .unwrap();
+            let e = load().unwrap_err().to_string();
+            assert!(e.contains(&format!("version {v} is not supported")), "{e}");
+        }
+        StateFile::default().store(dir.path()).unwrap();
+        assert_eq!(load().unwrap(), StateFile::default());
+        // A bad entry is an error naming its file.
+        let entry = dir.path().join(PROCS_DIR).join("7.json");
+        std::fs::write(&entry, "{").unwrap();
+        let e = load().unwrap_err().to_string();
+        assert!(
+            e.contains("procs/7.json") && e.contains("not a process entry"),
+            "{e}"
+        );
+    }
+
+    /// Each process's entry is a file of its own; an update of one entry, or of the world's own
+    /// fields, reads and writes nothing else, and a whole-state update stores exactly what it
+    /// changed (an entry removed is a file removed).
+    #[test]
+    fn entries_are_files_of_their_own_and_updates_touch_only_theirs() {
+        let (dir, w) = small_world();
+        let procs = dir.path().join(PROCS_DIR);
+        w.update(|st| {
+            for id in [1, 2, 3] {
+                st.processes
+                    .insert(id, entry(100 + id as i32, 1, 100 + id as i32));
+            }
+            st.registered = 3;
+        })
+        .unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&procs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["1.json", "2.json", "3.json"]);
+        let text = std::fs::read_to_string(dir.path().join("state.json")).unwrap();
+        assert!(!text.contains("processes"), "{text}");
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        let ino = |p: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(p).unwrap().ino()
+        };
+        let (one, three, own) = (
+            procs.join("1.json"),
+            procs.join("3.json"),
+            dir.path().join("state.json"),
+        );
+        let before = (ino(&one), ino(&three), ino(&own), mtime(&own));
+        // One entry: only its file is replaced.
+        let r = w.update_entry(2, |e| {
+            e.state = CUprocessState::LOCKED.0;
+            7
+        });
+        assert_eq!(r.unwrap(), Some(7));
+        assert_eq!(
+            w.read_process(2).unwrap().unwrap().state(),
+            CUprocessState::LOCKED
+        );
+        assert_eq!((ino(&one), ino(&three), ino(&own), mtime(&own)), before);
+        // An entry the world lacks is not made by update_entry, and is by update_process.
+        assert_eq!(w.update_entry(9, |e| e.pid = 1).unwrap(), None);
+        assert!(!procs.join("9.json").exists());
+        w.update_process(9, |slot| *slot = Some(entry(109, 1, 109)))
+            .unwrap();
+        assert_eq!(w.read_process(9).unwrap().map(|e| e.pid), Some(109));
+        // The world's own fields: state.json alone.
+        w.update_own(|st| st.next_alloc = 5).unwrap();
+        assert_eq!((ino(&one), ino(&three)), (before.0, before.1));
+        assert_eq!(w.read_own().unwrap().next_alloc, 5);
+        // A whole-state update that removes an entry removes its file, and leaves the others.
+        w.update(|st| {
+            st.processes.remove(&3);
+        })
+        .unwrap();
+        assert!(!three.exists());
+        assert_eq!(ino(&one), before.0);
+        let st = w.read_state().unwrap();
+        assert_eq!(st.processes.keys().copied().collect::<Vec<_>>(), [1, 2, 9]);
+        assert_eq!((st.registered, st.next_alloc), (3, 5));
+        // A writer's temporary file is not an entry.
+        std::fs::write(procs.join("4.json.tmp.1.0"), "{").unwrap();
+        assert_eq!(w.read_state().unwrap().processes.len(), 3);
+        // update_if_changed takes the lock only for a change, and then makes it.
+        let mut runs = 0;
+        w.update_if_changed(|st| {
+            runs += 1;
+            st.processes.len()
+        })
+        .unwrap();
+        assert_eq!(
+            runs, 1,
+            "nothing to change: run once, on what a reader sees"
+        );
+        w.update_if_changed(|st| {
+            runs += 1;
+            st.processes.remove(&9);
+        })
+        .unwrap();
+        assert_eq!(runs, 3, "a change: run again under the lock");
+        assert!(w.read_process(9).unwrap().is_none());
     }
 }

@@ -150,7 +150,7 @@ mod tests {
             host_pid_ns: crate::pidns::own_pid_ns().unwrap_or(0),
             ..crate::state::StateFile::default()
         }
-        .store(&dir.path().join("state.json"))
+        .store(dir.path())
         .unwrap();
         let w = World::open(dir.path()).unwrap();
         w.trace("cuInit", "flags=0", "CUDA_SUCCESS");

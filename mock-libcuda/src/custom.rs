@@ -162,10 +162,8 @@ fn caller_gpus(w: &World) -> R<(Vec<GpuUuid>, Vec<GpuUuid>)> {
         .map(|rt| rt.id())
         .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
     let contexts = w
-        .read_state()
+        .read_process(me)
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
-        .processes
-        .get(&me)
         .map(|e| e.contexts.iter().map(|c| c.0).collect())
         .unwrap_or_default();
     Ok((contexts, table))

@@ -111,10 +111,8 @@ pub fn apply_fault<T>(
         FaultAction::Fail { code } => {
             if let Some(t) = target.and_then(|pid| resolve(world, pid).ok()) {
                 let _ = send(world, t, Op::Fail, request_deadline(world));
-                let _ = world.update(|st| {
-                    if let Some(e) = st.processes.get_mut(&t.id) {
-                        e.state = CUprocessState::FAILED.0;
-                    }
+                let _ = world.update_entry(t.id, |e| {
+                    e.state = CUprocessState::FAILED.0;
                 });
             }
             Err(code.cuda())
@@ -197,7 +195,7 @@ fn devices(w: &World) -> R<Vec<GpuUuid>> {
         return Err(CUresult::ERROR_NOT_INITIALIZED);
     }
     if let Some(rt) = target::runtime() {
-        if let Some(e) = w.read_state().map_err(os_err)?.processes.get(&rt.id()) {
+        if let Some(e) = w.read_process(rt.id()).map_err(os_err)? {
             return Ok(e.devices.iter().map(|d| d.0).collect());
         }
     }
@@ -374,11 +372,9 @@ pub fn ctx_create(function: &str, dev: i32) -> R<usize> {
         target::start_internal_threads(&w);
         let _in = rt.enter()?;
         let id = rt.id();
-        w.update(|st| {
-            if let Some(e) = st.processes.get_mut(&id) {
-                if !e.contexts.iter().any(|c| c.0 == uuid) {
-                    e.contexts.push(GpuUuidText(uuid));
-                }
+        w.update_entry(id, |e| {
+            if !e.contexts.iter().any(|c| c.0 == uuid) {
+                e.contexts.push(GpuUuidText(uuid));
             }
         })
         .map_err(os_err)?;
@@ -506,12 +502,11 @@ fn locate(w: &World, dptr: u64, len: u64) -> R<(Allocation, u64)> {
     let id = (dptr - DEVPTR_BASE) >> ALLOC_SHIFT;
     let off = dptr & (MAX_ALLOC - 1);
     let me = own_id()?;
-    let st = w.read_state().map_err(os_err)?;
-    let a = st
-        .processes
-        .get(&me)
-        .and_then(|e| e.allocations.iter().find(|a| a.id == id))
-        .cloned()
+    // The process's own entry alone: a workload checks its memory every few milliseconds.
+    let a = w
+        .read_process(me)
+        .map_err(os_err)?
+        .and_then(|e| e.allocations.into_iter().find(|a| a.id == id))
         .ok_or(CUresult::ERROR_INVALID_VALUE)?;
     if off.checked_add(len).is_none_or(|end| end > a.size) {
         return Err(CUresult::ERROR_INVALID_VALUE);
@@ -528,10 +523,8 @@ pub fn mem_free(dptr: u64) -> R<()> {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
         let me = own_id()?;
-        w.update(|st| {
-            if let Some(e) = st.processes.get_mut(&me) {
-                e.allocations.retain(|x| x.id != a.id);
-            }
+        w.update_entry(me, |e| {
+            e.allocations.retain(|x| x.id != a.id);
         })
         .map_err(os_err)?;
         let _ = std::fs::remove_file(w.devmem_path(me, a.id));
@@ -873,23 +866,40 @@ pub struct Target {
 /// (a process that exits without a checkpoint releases its GPU state). A process with a
 /// restore thread that the world has forgotten resolves too: its thread re-announces it when
 /// it takes a request. `CUDA_ERROR_INVALID_VALUE` for anything else.
+///
+/// A process the world knows as it is (the entry its restore thread names has its identity,
+/// and its host pid when the caller sees host pids) is found by reading that entry alone:
+/// every driver call resolves its pid, and the plugin's helper, locking 16 tasks of 64 at once,
+/// spent most of each lock's time reading and parsing the other 63 entries. A dead process's
+/// entry that a new one's identity takes over is dropped when the new one registers
+/// ([`crate::target::ensure_registered`]), so this look cannot miss it.
 pub fn resolve(w: &World, pid: i32) -> R<Target> {
     use crate::world::pidns;
     let tgid = pidns::tgid_of(pid).ok_or(CUresult::ERROR_INVALID_VALUE)?;
     let ident = pidns::identity_of(tgid);
     let thread = pidns::restore_thread_of(tgid).map(|(_, id)| id);
     let host_pid = w.host_view().then_some(tgid);
-    let found = w
-        .update(|st| {
+    if let (Some(id), Some(i)) = (thread, ident) {
+        let known = w
+            .read_process(id)
+            .map_err(os_err)?
+            .is_some_and(|e| e.identity() == i && host_pid.is_none_or(|h| e.pid == h));
+        if known {
+            return Ok(Target { pid: tgid, id });
+        }
+    }
+    // Otherwise the whole state is looked at, and the lock taken only to change it.
+    let (found, gone) = w
+        .update_if_changed(|st| {
+            let mut gone = None;
             if let Some((id, e)) = ident.and_then(|i| st.by_identity(i)) {
                 if thread != Some(id) && e.state() != CUprocessState::CHECKPOINTED {
-                    let gone = st.processes.remove(&id)?;
-                    for a in &gone.allocations {
-                        let _ = std::fs::remove_file(w.devmem_path(id, a.id));
-                    }
+                    gone = st.processes.remove(&id).map(|e| (id, e));
                 }
             }
-            let id = thread?;
+            let Some(id) = thread else {
+                return (None, gone);
+            };
             if let Some(e) = st.processes.get_mut(&id) {
                 if let Some(i) = ident {
                     (e.pid_ns, e.nspid) = (i.ns, i.pid);
@@ -898,9 +908,14 @@ pub fn resolve(w: &World, pid: i32) -> R<Target> {
                     e.pid = h;
                 }
             }
-            Some(id)
+            (Some(id), gone)
         })
         .map_err(os_err)?;
+    if let Some((id, e)) = gone {
+        for a in &e.allocations {
+            let _ = std::fs::remove_file(w.devmem_path(id, a.id));
+        }
+    }
     found
         .map(|id| Target { pid: tgid, id })
         .ok_or(CUresult::ERROR_INVALID_VALUE)
@@ -908,11 +923,8 @@ pub fn resolve(w: &World, pid: i32) -> R<Target> {
 
 /// The world's entry of a target (`CUDA_ERROR_INVALID_VALUE` when the world forgot it).
 fn entry_of(w: &World, t: Target) -> R<crate::world::state::ProcessEntry> {
-    w.read_state()
+    w.read_process(t.id)
         .map_err(os_err)?
-        .processes
-        .get(&t.id)
-        .cloned()
         .ok_or(CUresult::ERROR_INVALID_VALUE)
 }
 

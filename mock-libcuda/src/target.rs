@@ -18,12 +18,13 @@
 //!   CRIU freezes every thread of a task wherever it is and then resumes the restore thread
 //!   alone, so the thread must never wait for something a workload thread can hold. It takes
 //!   no in-process lock a workload thread takes (its `Mutex`es are its own, the API gate is
-//!   atomics, it keeps its own copy of the world instead of [`World::from_env`]'s cache), and
+//!   atomics, it keeps its own copy of the world, and the world's caches are per thread), and
 //!   waits for workload threads in two places only: a lock waits (up to `timeoutMs`) for the
 //!   calls in the API gate, which is why CRIU locks a task before it freezes it; and the
-//!   world's state lock (`flock`, at most 10 s), which workload threads take inside the gate
-//!   (allocations, contexts), or outside it only to register the process, to count scripted
-//!   faults of calls made outside the gate, and in checkpoint calls of their own.
+//!   world's state lock (`flock`; a holder stopped for 300 ms is broken), which workload
+//!   threads take inside the gate (allocations, contexts), or outside it only to register the
+//!   process, to count scripted faults of calls made outside the gate, and in checkpoint calls
+//!   of their own.
 //!   `tests/restore_thread_stress.rs` (full mode) freezes a busy CUDA tree that way hundreds of
 //!   times.
 //! * an **API gate**: workload calls (allocations, copies, …) enter it; a lock waits for the
@@ -281,7 +282,7 @@ pub fn ensure_registered(
     })?;
     let me = own_identity();
     let id = world
-        .update(crate::world::state::StateFile::new_id)
+        .update_own(crate::world::state::StateFile::new_id)
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
     let rt = Arc::new(Runtime {
         world: Arc::clone(world),
@@ -344,29 +345,52 @@ pub fn ensure_registered(
     let _ = rt.restore_tid.set(tid);
     let devices: Vec<GpuUuidText> = devices.iter().copied().map(GpuUuidText).collect();
     let host_pid = host_pid_hint(world);
-    world
+    let entry = crate::world::state::ProcessEntry {
+        pid: host_pid,
+        pid_ns: me.ns,
+        nspid: me.pid,
+        state: CUprocessState::RUNNING.0,
+        restore_tid: tid,
+        devices,
+        contexts: Vec::new(),
+        allocations: Vec::new(),
+        checkpointed: Vec::new(),
+        reserved: Vec::new(),
+        custom_storage: false,
+        open_caller: None,
+        collective,
+        locking: false,
+    };
+    // A process of the world whose identity this one has taken (a pid reused) is dead: its
+    // entry goes, with its device memory, unless it is checkpointed (its images may be
+    // restored). `driver::resolve` finds a process it knows as it is by its own entry alone,
+    // so it would not see such an entry.
+    let gone = world
         .update(|st| {
-            st.processes.insert(
-                id,
-                crate::world::state::ProcessEntry {
-                    pid: host_pid,
-                    pid_ns: me.ns,
-                    nspid: me.pid,
-                    state: CUprocessState::RUNNING.0,
-                    restore_tid: tid,
-                    devices: devices.clone(),
-                    contexts: Vec::new(),
-                    allocations: Vec::new(),
-                    checkpointed: Vec::new(),
-                    reserved: Vec::new(),
-                    custom_storage: false,
-                    open_caller: None,
-                    collective: collective.clone(),
-                    locking: false,
-                },
-            );
+            let dead: Vec<u64> = st
+                .processes
+                .iter()
+                .filter(|(other, e)| {
+                    **other != id
+                        && me.ns != 0
+                        && e.identity() == me
+                        && e.state() != CUprocessState::CHECKPOINTED
+                })
+                .map(|(other, _)| *other)
+                .collect();
+            let gone: Vec<(u64, crate::world::state::ProcessEntry)> = dead
+                .into_iter()
+                .filter_map(|other| st.processes.remove(&other).map(|e| (other, e)))
+                .collect();
+            st.processes.insert(id, entry.clone());
+            gone
         })
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
+    for (other, e) in gone {
+        for a in &e.allocations {
+            let _ = std::fs::remove_file(world.devmem_path(other, a.id));
+        }
+    }
     let _ = RUNTIME.set(rt);
     Ok(RUNTIME.get().expect("just set"))
 }
@@ -478,8 +502,7 @@ impl Runtime {
     ///
     /// Only the restore thread calls this, and it shares no lock with workload threads (which
     /// CRIU may freeze holding one, see the module documentation): it re-reads the config
-    /// itself instead of going through the process-wide cache, whose lock every driver call of
-    /// a workload thread takes.
+    /// itself, for the world it registered in.
     fn world(&self) -> Arc<World> {
         let mut w = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let stamp = std::fs::metadata(w.0.dir().join("world.toml"))
@@ -592,8 +615,8 @@ impl Runtime {
         // The world may still hold the dead incarnation of a process restored twice from the
         // same images (RUNNING or LOCKED, or RESTORING when its custom-storage restore died
         // with it): what this process holds wins. FAILED is kept.
-        let _ = world.update(|st| {
-            let stale = st.processes.get(&id).is_none_or(|e| {
+        let _ = world.update_process(id, |slot| {
+            let stale = slot.as_ref().is_none_or(|e| {
                 matches!(
                     e.state(),
                     CUprocessState::RUNNING
@@ -603,7 +626,7 @@ impl Runtime {
                 )
             });
             if stale {
-                st.processes.insert(id, entry.clone());
+                *slot = Some(entry.clone());
             }
         });
     }
@@ -624,11 +647,9 @@ impl Runtime {
         let host_pid = host_pid_hint(&world);
         let tid = crate::ffi::sys::gettid();
         let id = self.id;
-        let updated = world.update(|st| {
-            if let Some(e) = st.processes.get_mut(&id) {
-                (e.pid_ns, e.nspid, e.pid) = (me.ns, me.pid, host_pid);
-                e.restore_tid = tid;
-            }
+        let updated = world.update_entry(id, |e| {
+            (e.pid_ns, e.nspid, e.pid) = (me.ns, me.pid, host_pid);
+            e.restore_tid = tid;
         });
         if updated.is_ok() {
             self.announced_ns.store(ns, SeqCst);
@@ -642,10 +663,8 @@ impl Runtime {
             return;
         }
         let id = self.id;
-        let _ = self.world().update(|st| {
-            if let Some(e) = st.processes.get_mut(&id) {
-                e.locking = on;
-            }
+        let _ = self.world().update_entry(id, |e| {
+            e.locking = on;
         });
     }
 
@@ -660,10 +679,8 @@ impl Runtime {
     fn set_state(&self, state: CUprocessState) -> CUresult {
         self.gate.state.store(state.0, SeqCst);
         let id = self.id;
-        let r = self.world().update(|st| {
-            if let Some(e) = st.processes.get_mut(&id) {
-                e.state = state.0;
-            }
+        let r = self.world().update_entry(id, |e| {
+            e.state = state.0;
         });
         if r.is_ok() {
             CUresult::SUCCESS
@@ -826,12 +843,10 @@ impl Runtime {
                 .map(|o| o.caller.clone())
         })
         .flatten();
-        let r = self.world().update(|st| {
-            if let Some(e) = st.processes.get_mut(&id) {
-                e.state = state.0;
-                e.custom_storage = custom;
-                e.open_caller = caller.clone();
-            }
+        let r = self.world().update_entry(id, |e| {
+            e.state = state.0;
+            e.custom_storage = custom;
+            e.open_caller = caller.clone();
         });
         if r.is_ok() {
             CUresult::SUCCESS
@@ -862,17 +877,16 @@ impl Runtime {
         let id = self.id;
         if open.restore {
             let allocations = world
-                .read_state()
+                .read_process(id)
                 .ok()
-                .and_then(|s| s.processes.get(&id).map(|e| e.allocations.clone()))
+                .flatten()
+                .map(|e| e.allocations.clone())
                 .unwrap_or_default();
             for a in &allocations {
                 let _ = std::fs::remove_file(world.devmem_path(id, a.id));
             }
-            let _ = world.update(|st| {
-                if let Some(e) = st.processes.get_mut(&id) {
-                    e.reserved.clear();
-                }
+            let _ = world.update_entry(id, |e| {
+                e.reserved.clear();
             });
             let _ = self.set_state_custom(CUprocessState::CHECKPOINTED, true);
         } else {
@@ -900,9 +914,10 @@ impl Runtime {
     ) -> Vec<CheckpointedGpu> {
         let mut per_gpu: Vec<CheckpointedGpu> = Vec::new();
         let contexts = world
-            .read_state()
+            .read_process(id)
             .ok()
-            .and_then(|s| s.processes.get(&id).map(|e| e.contexts.clone()))
+            .flatten()
+            .map(|e| e.contexts.clone())
             .unwrap_or_default();
         for d in &contexts {
             if !per_gpu.iter().any(|c| c.uuid == *d) {
@@ -933,28 +948,21 @@ impl Runtime {
         let world = &*self.world();
         let id = self.id;
         let allocations = world
-            .read_state()
+            .read_process(id)
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
-            .processes
-            .get(&id)
             .map(|e| e.allocations.clone())
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let per_gpu = Self::checkpointed_gpus(world, id, &allocations);
         world
-            .update(|st| {
-                if let Some(e) = st.processes.get_mut(&id) {
-                    e.checkpointed = per_gpu.clone();
-                    e.custom_storage = true;
-                }
+            .update_entry(id, |e| {
+                e.checkpointed = per_gpu.clone();
+                e.custom_storage = true;
             })
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
         for a in &allocations {
             let _ = std::fs::remove_file(world.devmem_path(id, a.id));
         }
-        let mut entry = world
-            .read_state()
-            .ok()
-            .and_then(|s| s.processes.get(&id).cloned());
+        let mut entry = world.read_process(id).ok().flatten();
         if let Some(e) = entry.as_mut() {
             e.state = CUprocessState::CHECKPOINTED.0;
         }
@@ -977,11 +985,8 @@ impl Runtime {
         let world = &*self.world();
         let id = self.id;
         let entry = world
-            .read_state()
+            .read_process(id)
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
-            .processes
-            .get(&id)
-            .cloned()
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
         self.claim(world, &entry, &map)?;
@@ -996,10 +1001,8 @@ impl Runtime {
                 for b in &entry.allocations {
                     let _ = std::fs::remove_file(world.devmem_path(id, b.id));
                 }
-                let _ = world.update(|st| {
-                    if let Some(e) = st.processes.get_mut(&id) {
-                        e.reserved.clear();
-                    }
+                let _ = world.update_entry(id, |e| {
+                    e.reserved.clear();
                 });
                 return Err(CUresult::ERROR_OPERATING_SYSTEM);
             }
@@ -1062,18 +1065,16 @@ impl Runtime {
         let id = self.id;
         let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
         world
-            .update(|st| {
-                if let Some(e) = st.processes.get_mut(&id) {
-                    for a in &mut e.allocations {
-                        a.gpu = GpuUuidText(target(a.gpu.0));
-                    }
-                    for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
-                        *d = GpuUuidText(target(d.0));
-                    }
-                    e.checkpointed.clear();
-                    e.reserved.clear();
-                    e.custom_storage = false;
+            .update_entry(id, |e| {
+                for a in &mut e.allocations {
+                    a.gpu = GpuUuidText(target(a.gpu.0));
                 }
+                for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
+                    *d = GpuUuidText(target(d.0));
+                }
+                e.checkpointed.clear();
+                e.reserved.clear();
+                e.custom_storage = false;
             })
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
         self.reopen_gpu_handle();
@@ -1086,10 +1087,8 @@ impl Runtime {
         let id = self.id;
         refuse_mig(world, id)?;
         let allocations = world
-            .read_state()
+            .read_process(id)
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
-            .processes
-            .get(&id)
             .map(|e| e.allocations.clone())
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let mut saved = Vec::with_capacity(allocations.len());
@@ -1108,19 +1107,14 @@ impl Runtime {
         let parts: Vec<(GpuUuid, u64)> = per_gpu.iter().map(|c| (c.uuid.0, c.bytes)).collect();
         self.transfer(world, Direction::Checkpoint, &parts);
         world
-            .update(|st| {
-                if let Some(e) = st.processes.get_mut(&id) {
-                    e.checkpointed = per_gpu.clone();
-                }
+            .update_entry(id, |e| {
+                e.checkpointed = per_gpu.clone();
             })
             .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
         for a in &allocations {
             let _ = std::fs::remove_file(world.devmem_path(id, a.id));
         }
-        let mut entry = world
-            .read_state()
-            .ok()
-            .and_then(|s| s.processes.get(&id).cloned());
+        let mut entry = world.read_process(id).ok().flatten();
         if let Some(e) = entry.as_mut() {
             e.state = CUprocessState::CHECKPOINTED.0;
         }
@@ -1137,22 +1131,17 @@ impl Runtime {
     fn restore_memory(&self, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CUresult> {
         let world = &*self.world();
         let id = self.id;
-        let state = world
-            .read_state()
-            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?;
-        let entry = state
-            .processes
-            .get(&id)
+        let entry = world
+            .read_process(id)
+            .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
             .ok_or(CUresult::ERROR_INVALID_VALUE)?;
         let map = resolve_restore_map(world, &entry.checkpointed, pairs)?;
         let target = |u: GpuUuid| map.iter().find(|(o, _)| *o == u).map_or(u, |(_, n)| *n);
         // Claim the memory first: the driver allocates before it copies.
-        let need = self.claim(world, entry, &map)?;
+        let need = self.claim(world, &entry, &map)?;
         let release = || {
-            let _ = world.update(|st| {
-                if let Some(e) = st.processes.get_mut(&id) {
-                    e.reserved.clear();
-                }
+            let _ = world.update_entry(id, |e| {
+                e.reserved.clear();
             });
         };
         let parts: Vec<(GpuUuid, u64)> = need.iter().map(|n| (n.uuid.0, n.bytes)).collect();
@@ -1166,17 +1155,15 @@ impl Runtime {
                 return Err(CUresult::ERROR_OPERATING_SYSTEM);
             }
         }
-        let committed = world.update(|st| {
-            if let Some(e) = st.processes.get_mut(&id) {
-                for a in &mut e.allocations {
-                    a.gpu = GpuUuidText(target(a.gpu.0));
-                }
-                for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
-                    *d = GpuUuidText(target(d.0));
-                }
-                e.checkpointed.clear();
-                e.reserved.clear();
+        let committed = world.update_entry(id, |e| {
+            for a in &mut e.allocations {
+                a.gpu = GpuUuidText(target(a.gpu.0));
             }
+            for d in e.devices.iter_mut().chain(e.contexts.iter_mut()) {
+                *d = GpuUuidText(target(d.0));
+            }
+            e.checkpointed.clear();
+            e.reserved.clear();
         });
         if committed.is_err() {
             release();
@@ -1363,10 +1350,8 @@ impl Runtime {
 /// succeeded, and changes nothing.
 fn refuse_mig(world: &World, id: u64) -> Result<(), CUresult> {
     let contexts = world
-        .read_state()
+        .read_process(id)
         .map_err(|_| CUresult::ERROR_OPERATING_SYSTEM)?
-        .processes
-        .get(&id)
         .map(|e| e.contexts.clone())
         .unwrap_or_default();
     let on_mig = contexts

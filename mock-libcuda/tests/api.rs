@@ -311,3 +311,95 @@ fn a_process_on_a_gpu_in_mig_mode_locks_but_cannot_be_checkpointed() {
     driver::unlock(plain).unwrap();
     assert!(w.verify(1, plain).starts_with("PASS"));
 }
+
+/// A process that takes the pid (the identity) of a dead process of the world drops that
+/// process's entry, and its device memory, when it registers, unless the dead one is
+/// checkpointed (its images may be restored); its own calls then find it by its entry alone.
+#[test]
+fn a_new_process_with_a_dead_process_s_pid_drops_its_entry_when_it_registers() {
+    use mock_cuda_world::pidns::{own_pid_ns, NsIdentity};
+    use mock_cuda_world::state::{Allocation, ProcessEntry};
+    use std::io::Write;
+    let _s = serial();
+    let w = TestWorld::new(&config(580, ""));
+    // The shell's pid is the workload's: it execs it once told to.
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        &format!(
+            "read go; exec '{}' --kib 4 --report '{}'",
+            env!("CARGO_BIN_EXE_mock-cuda-app"),
+            w.path().join("report-0.txt").display()
+        ),
+    ])
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::null());
+    w.env(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id() as i32;
+    let ns = own_pid_ns().unwrap();
+    let dead = |state: CUprocessState, alloc: u64| ProcessEntry {
+        pid,
+        pid_ns: ns,
+        nspid: pid,
+        state: state.0,
+        restore_tid: pid + 1,
+        devices: Vec::new(),
+        contexts: Vec::new(),
+        allocations: vec![Allocation {
+            id: alloc,
+            size: 4096,
+            gpu: mock_cuda_world::config::GpuUuidText(uuid(GPU0)),
+            sampled: false,
+        }],
+        checkpointed: Vec::new(),
+        reserved: Vec::new(),
+        custom_storage: false,
+        open_caller: None,
+        collective: None,
+        locking: false,
+    };
+    let (ran, kept) = w
+        .world
+        .update(|st| {
+            let (ran, kept) = (st.new_id(), st.new_id());
+            st.processes.insert(ran, dead(CUprocessState::RUNNING, 900));
+            st.processes
+                .insert(kept, dead(CUprocessState::CHECKPOINTED, 901));
+            (ran, kept)
+        })
+        .unwrap();
+    let devmem = w.world.devmem_path(ran, 900);
+    std::fs::write(&devmem, [0u8; 4096]).unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    wait_for(
+        Duration::from_secs(20),
+        || testkit::read(&w.path().join("report-0.txt")).contains("READY"),
+        "the workload to report READY",
+    );
+    let st = w.world.read_state().unwrap();
+    assert!(
+        !st.processes.contains_key(&ran),
+        "the dead RUNNING entry is dropped"
+    );
+    assert!(!devmem.exists(), "with its device memory");
+    assert!(
+        st.processes.contains_key(&kept),
+        "a checkpointed one is kept"
+    );
+    let (mine, e) = st
+        .processes
+        .iter()
+        .find(|(id, _)| **id != kept)
+        .expect("the new process's entry");
+    assert_eq!(e.identity(), NsIdentity { ns, pid });
+    driver::init(0).unwrap();
+    assert_eq!(driver::get_state(pid), Ok(CUprocessState::RUNNING));
+    assert_eq!(
+        driver::resolve(&w.world, pid).map(|t| t.id),
+        Ok(*mine),
+        "found by its own entry"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

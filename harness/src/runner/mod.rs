@@ -157,6 +157,36 @@ pub fn become_subreaper() {
     let _ = nix::sys::prctl::set_child_subreaper(true);
 }
 
+/// Who runs now: any number of scenarios beside each other, or one that must run alone
+/// ([`Scenario::alone`]).
+static TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A scenario's turn to run in this process, held while it runs: one that must run alone
+/// waits until no other runs, and keeps the others waiting until it is done.
+pub(crate) struct Turn {
+    _alone: Option<std::sync::RwLockWriteGuard<'static, ()>>,
+    _beside: Option<std::sync::RwLockReadGuard<'static, ()>>,
+}
+
+impl Turn {
+    pub(crate) fn take(alone: bool) -> Turn {
+        use std::sync::PoisonError;
+        if alone {
+            let turn = TURNS.write().unwrap_or_else(PoisonError::into_inner);
+            Turn {
+                _alone: Some(turn),
+                _beside: None,
+            }
+        } else {
+            let turn = TURNS.read().unwrap_or_else(PoisonError::into_inner);
+            Turn {
+                _alone: None,
+                _beside: Some(turn),
+            }
+        }
+    }
+}
+
 /// Runs scenario `s` with this project's plugin.
 #[must_use]
 pub fn run(s: &Scenario, art: &Artifacts, opts: RunOptions) -> Report {
@@ -178,6 +208,9 @@ pub fn run_with(s: &Scenario, art: &Artifacts, opts: RunOptions, put: &PluginUnd
     if let Err(why) = crate::kit::applicability(s, put, art) {
         return Report::not_run(Verdict::NotApplicable(why), host, start);
     }
+    // Its time starts once it has its turn.
+    let _turn = Turn::take(s.alone);
+    let start = Instant::now();
     let mut ex = Exec {
         s,
         art,
@@ -438,5 +471,47 @@ impl Exec<'_> {
             skipped: None,
         });
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Turn;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A scenario that must run alone waits for those running, and those after it wait for it.
+    #[test]
+    fn a_scenario_that_runs_alone_has_the_process_to_itself() {
+        let running = Turn::take(false);
+        let (got, got_rx) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let alone = std::thread::spawn(move || {
+            let _turn = Turn::take(true);
+            got.send(()).unwrap();
+            let _ = release_rx.recv();
+        });
+        assert!(
+            got_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "not while another runs"
+        );
+        drop(running);
+        got_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("its turn once the other is done");
+        let (tx, rx) = mpsc::channel();
+        let after = std::thread::spawn(move || {
+            let _turn = Turn::take(false);
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "no other beside it"
+        );
+        release.send(()).unwrap();
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the next one's turn once it is done");
+        alone.join().unwrap();
+        after.join().unwrap();
     }
 }

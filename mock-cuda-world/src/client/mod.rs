@@ -303,7 +303,7 @@ impl MockWorld {
     /// # Errors
     /// [`ClientError::State`] for a state file that is missing, corrupt or foreign.
     pub fn state(&self) -> Result<StateFile, ClientError> {
-        StateFile::load(&self.dir.join("state.json")).map_err(|source| ClientError::State {
+        StateFile::load(&self.dir).map_err(|source| ClientError::State {
             dir: shown(&self.dir),
             source,
         })

@@ -108,7 +108,7 @@ fn a_world_without_processes_has_an_empty_status() {
     assert_eq!(v["processes"], serde_json::json!({}));
     assert_eq!(v["transfers"], serde_json::json!([]));
     assert_eq!(v["format"], "mock-cuda-world-state");
-    assert_eq!(v["version"], 2);
+    assert_eq!(v["version"], crate::state::STATE_VERSION);
     assert_eq!(
         Status::default().processes,
         st.processes,
@@ -339,8 +339,9 @@ fn cuda_state_names_are_the_harness_s_words() {
     assert_eq!(CudaState::from_raw(9), CudaState::Other(9));
 }
 
-/// The JSON status is the state file with `processes` re-keyed and `transfers` added; each
-/// process is its state entry with `id` and `present` added: a field added to either shows.
+/// The JSON status is the state file with the processes (their entry files, keyed by host pid)
+/// and `transfers` added; each process is its state entry with `id` and `present` added: a
+/// field added to either shows.
 #[test]
 fn the_json_status_has_every_field_of_the_state() {
     let mut state = StateFile::default();
@@ -361,7 +362,7 @@ fn the_json_status_has_every_field_of_the_state() {
     });
     let v = serde_json::to_value(&st).unwrap();
     let mut want = keys(&serde_json::to_value(&state).unwrap());
-    want.push("transfers".into());
+    want.extend(["processes".to_owned(), "transfers".to_owned()]);
     want.sort();
     assert_eq!(keys(&v), want);
     let mut want = keys(&serde_json::to_value(&e).unwrap());
