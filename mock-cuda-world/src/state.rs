@@ -146,6 +146,28 @@ impl Collective {
 }
 
 impl ProcessEntry {
+    /// A process as it registers: in `state` (a `CUprocessState` value), with its restore
+    /// thread `restore_tid`, and no devices, contexts, memory, images or operations yet.
+    #[must_use]
+    pub fn new(pid: i32, pid_ns: u64, nspid: i32, state: u32, restore_tid: i32) -> Self {
+        ProcessEntry {
+            pid,
+            pid_ns,
+            nspid,
+            state,
+            restore_tid,
+            devices: Vec::new(),
+            contexts: Vec::new(),
+            allocations: Vec::new(),
+            checkpointed: Vec::new(),
+            reserved: Vec::new(),
+            custom_storage: false,
+            open_caller: None,
+            collective: None,
+            locking: false,
+        }
+    }
+
     /// The state as the API type.
     #[must_use]
     pub fn state(&self) -> CUprocessState {
@@ -497,34 +519,29 @@ impl World {
     /// state as it is now. An error is also written to the world's error log. An update of one
     /// process's entry is [`Self::update_entry`] (or [`Self::update_process`]), of the world's
     /// own fields [`Self::update_own`]: they read and write nothing else.
-    pub fn update<R>(&self, mut f: impl FnMut(&mut StateFile) -> R) -> Result<R, WorldError> {
-        self.logged("state update", || loop {
-            let guard = self.lock_state()?;
-            let mut state = self.load_state()?;
-            let before = state.clone();
-            let r = f(&mut state);
-            if state == before {
-                return Ok(r);
-            }
-            if !self.still_ours(&guard) {
-                continue;
-            }
-            let dir = self.dir();
-            for (id, e) in &state.processes {
-                if before.processes.get(id) != Some(e) {
-                    store_entry(&entry_path(dir, *id), e)?;
+    pub fn update<R>(&self, f: impl FnMut(&mut StateFile) -> R) -> Result<R, WorldError> {
+        self.transact(
+            Self::load_state,
+            |state, before| state == before,
+            |me, state, before| {
+                let dir = me.dir();
+                for (id, e) in &state.processes {
+                    if before.processes.get(id) != Some(e) {
+                        store_entry(&entry_path(dir, *id), e)?;
+                    }
                 }
-            }
-            for id in before.processes.keys() {
-                if !state.processes.contains_key(id) {
-                    remove_entry_file(&entry_path(dir, *id))?;
+                for id in before.processes.keys() {
+                    if !state.processes.contains_key(id) {
+                        remove_entry_file(&entry_path(dir, *id))?;
+                    }
                 }
-            }
-            if !state.same_own(&before) {
-                state.store_own(dir)?;
-            }
-            return Ok(r);
-        })
+                if !state.same_own(before) {
+                    state.store_own(dir)?;
+                }
+                Ok(())
+            },
+            f,
+        )
     }
 
     /// [`Self::update`] when it would change something: `f` runs first on the state as a
@@ -550,26 +567,20 @@ impl World {
     pub fn update_process<R>(
         &self,
         id: u64,
-        mut f: impl FnMut(&mut Option<ProcessEntry>) -> R,
+        f: impl FnMut(&mut Option<ProcessEntry>) -> R,
     ) -> Result<R, WorldError> {
-        self.logged("state update", || loop {
-            let guard = self.lock_state()?;
-            let mut slot = self.load_entry(id)?;
-            let before = slot.clone();
-            let r = f(&mut slot);
-            if slot == before {
-                return Ok(r);
-            }
-            if !self.still_ours(&guard) {
-                continue;
-            }
-            let path = entry_path(self.dir(), id);
-            match &slot {
-                Some(e) => store_entry(&path, e)?,
-                None => remove_entry_file(&path)?,
-            }
-            return Ok(r);
-        })
+        self.transact(
+            |me| me.load_entry(id),
+            |slot, before| slot == before,
+            |me, slot, _| {
+                let path = entry_path(me.dir(), id);
+                match slot {
+                    Some(e) => store_entry(&path, e),
+                    None => remove_entry_file(&path),
+                }
+            },
+            f,
+        )
     }
 
     /// Runs `f` on the entry of world id `id`, if the world has one (`Ok(None)` when it has
@@ -586,22 +597,46 @@ impl World {
     /// world's exclusive lock; `f` sees no processes (and a change to them is not stored). As
     /// [`Self::update`] otherwise.
     pub fn update_own<R>(&self, mut f: impl FnMut(&mut StateFile) -> R) -> Result<R, WorldError> {
+        self.transact(
+            Self::load_own,
+            |state, before| state.same_own(before),
+            |me, state, _| state.store_own(me.dir()),
+            |state| {
+                let r = f(state);
+                debug_assert!(
+                    state.processes.is_empty(),
+                    "update_own changed the processes"
+                );
+                r
+            },
+        )
+    }
+
+    /// The one read-modify-write under the world's exclusive lock that every update is: takes
+    /// the lock, `load`s what the update concerns, runs `f` on it, and, when `unchanged` says it
+    /// changed, `store`s it (given the value before `f`, to store only what differs). When the
+    /// lock was broken while this thread was stopped holding it, the result is discarded and
+    /// the update starts again on what is stored now. Errors are also written to the world's
+    /// error log.
+    fn transact<T: Clone, R>(
+        &self,
+        load: impl Fn(&Self) -> Result<T, WorldError>,
+        unchanged: impl Fn(&T, &T) -> bool,
+        store: impl Fn(&Self, &T, &T) -> Result<(), WorldError>,
+        mut f: impl FnMut(&mut T) -> R,
+    ) -> Result<R, WorldError> {
         self.logged("state update", || loop {
             let guard = self.lock_state()?;
-            let mut state = self.load_own()?;
-            let before = state.clone();
-            let r = f(&mut state);
-            debug_assert!(
-                state.processes.is_empty(),
-                "update_own changed the processes"
-            );
-            if state.same_own(&before) {
+            let mut value = load(self)?;
+            let before = value.clone();
+            let r = f(&mut value);
+            if unchanged(&value, &before) {
                 return Ok(r);
             }
             if !self.still_ours(&guard) {
                 continue;
             }
-            state.store_own(self.dir())?;
+            store(self, &value, &before)?;
             return Ok(r);
         })
     }
@@ -781,22 +816,7 @@ impl StateLock {
 /// A process entry with no devices or memory, for tests.
 #[cfg(test)]
 pub(crate) fn test_entry(pid: i32, ns: u64, nspid: i32, state: CUprocessState) -> ProcessEntry {
-    ProcessEntry {
-        pid,
-        pid_ns: ns,
-        nspid,
-        state: state.0,
-        restore_tid: nspid + 1,
-        devices: Vec::new(),
-        contexts: Vec::new(),
-        allocations: Vec::new(),
-        checkpointed: Vec::new(),
-        reserved: Vec::new(),
-        custom_storage: false,
-        open_caller: None,
-        collective: None,
-        locking: false,
-    }
+    ProcessEntry::new(pid, ns, nspid, state.0, nspid + 1)
 }
 
 #[cfg(test)]

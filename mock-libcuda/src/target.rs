@@ -346,20 +346,15 @@ pub fn ensure_registered(
     let devices: Vec<GpuUuidText> = devices.iter().copied().map(GpuUuidText).collect();
     let host_pid = host_pid_hint(world);
     let entry = crate::world::state::ProcessEntry {
-        pid: host_pid,
-        pid_ns: me.ns,
-        nspid: me.pid,
-        state: CUprocessState::RUNNING.0,
-        restore_tid: tid,
         devices,
-        contexts: Vec::new(),
-        allocations: Vec::new(),
-        checkpointed: Vec::new(),
-        reserved: Vec::new(),
-        custom_storage: false,
-        open_caller: None,
         collective,
-        locking: false,
+        ..crate::world::state::ProcessEntry::new(
+            host_pid,
+            me.ns,
+            me.pid,
+            CUprocessState::RUNNING.0,
+            tid,
+        )
     };
     // A process of the world whose identity this one has taken (a pid reused) is dead: its
     // entry goes, with its device memory, unless it is checkpointed (its images may be

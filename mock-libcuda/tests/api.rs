@@ -339,25 +339,13 @@ fn a_new_process_with_a_dead_process_s_pid_drops_its_entry_when_it_registers() {
     let pid = child.id() as i32;
     let ns = own_pid_ns().unwrap();
     let dead = |state: CUprocessState, alloc: u64| ProcessEntry {
-        pid,
-        pid_ns: ns,
-        nspid: pid,
-        state: state.0,
-        restore_tid: pid + 1,
-        devices: Vec::new(),
-        contexts: Vec::new(),
         allocations: vec![Allocation {
             id: alloc,
             size: 4096,
             gpu: mock_cuda_world::config::GpuUuidText(uuid(GPU0)),
             sampled: false,
         }],
-        checkpointed: Vec::new(),
-        reserved: Vec::new(),
-        custom_storage: false,
-        open_caller: None,
-        collective: None,
-        locking: false,
+        ..ProcessEntry::new(pid, ns, pid, state.0, pid + 1)
     };
     let (ran, kept) = w
         .world
