@@ -51,12 +51,6 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// The call `op` makes (`None`: the backend has no such call, as for [`Op::Init`]).
-    #[must_use]
-    pub fn call(&self, op: Op) -> Option<&'static str> {
-        self.calls.iter().find(|(o, _)| *o == op).map(|(_, c)| *c)
-    }
-
     /// The calls that name a target task, in [`Op`] order.
     pub fn task_calls(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.calls.iter().map(|(_, c)| *c)
@@ -183,7 +177,6 @@ mod tests {
         }
         assert_eq!(BackendKind::names(), "driver-api, cuda-checkpoint");
         assert_eq!(BackendKind::from_name("auto"), None);
-        assert_eq!(DRIVER_API.call(Op::Init), None);
         assert!(
             DRIVER_API
                 .task_calls()
